@@ -1,0 +1,99 @@
+"""Building blocks shared by every decoder: RMSNorm, rotary embeddings, the gated MLP."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import RopeConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32 (bf16 mean-of-squares loses ~3 digits), cast back before the weight as HF does.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _yarn_inv_freq(dim: int, rc: RopeConfig) -> tuple[Tensor, float]:
+    """YaRN (arXiv:2309.00071): interpolate low frequencies, keep high ones, blend with a linear ramp."""
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor, base = rc.factor, rc.theta
+    attn = rc.attention_factor
+    if attn is None:
+        attn = (mscale(factor, rc.mscale) / mscale(factor, rc.mscale_all_dim)
+                if rc.mscale and rc.mscale_all_dim else mscale(factor))
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(rc.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(rc.beta_fast), correction_dim(rc.beta_slow)
+    if rc.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extrapolate = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
+    return inv_freq, float(attn)
+
+
+class Rotary(nn.Module):
+    """Produces cos/sin [B, T, dim] in fp32 for integer positions [B, T]."""
+
+    def __init__(self, dim: int, rc: RopeConfig):
+        super().__init__()
+        if rc.type == "yarn":
+            inv_freq, self.attention_factor = _yarn_inv_freq(dim, rc)
+        else:
+            inv_freq = 1.0 / (rc.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+            self.attention_factor = 1.0
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.interleave = rc.interleave
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq.float()  # [B, T, dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool = False) -> Tensor:
+    """x [B, H, T, d]; cos/sin [B, T, d] (fp32). Returns x.dtype."""
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    if interleave:
+        # Pairs (x0, x1), (x2, x3), ... share a frequency; the output lists evens then odds, which permutes
+        # q and k identically and so leaves every q·k unchanged (and matches transformers' layout).
+        half = cos.shape[-1] // 2
+        cos, sin = cos[..., :half], sin[..., :half]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

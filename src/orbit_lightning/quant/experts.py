@@ -1,0 +1,110 @@
+"""Routed experts on a packed base. Only the chunk's active experts are dequantized, one projection at a time,
+and freed before the next; backward dequantizes the chunk again and returns dX only."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..models.moe import Experts
+from .formats import QuantFormat, get_format
+from .packed import packed_tensors, register_packed, store_packed
+
+
+class _FrozenGroupedFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, experts: QuantExperts, proj: str, expert_ids: Tensor, sizes: list[int]) -> Tensor:
+        from .dispatch import dequant_grouped
+
+        ctx.experts, ctx.proj, ctx.sizes = experts, proj, sizes
+        ctx.save_for_backward(expert_ids)
+        return dequant_grouped(x, experts, proj, expert_ids, sizes)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        from .dispatch import dequant_grouped_dx
+
+        (expert_ids,) = ctx.saved_tensors
+        return dequant_grouped_dx(dy, ctx.experts, ctx.proj, expert_ids, ctx.sizes), None, None, None, None
+
+
+class QuantExperts(Experts):
+    """Same dispatch loop as `Experts`; the stacked weights are packed buffers `{proj}.weight_packed` etc."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, fmt: QuantFormat | str,
+                 dtype: torch.dtype = torch.bfloat16):
+        torch.nn.Module.__init__(self)
+        self.fmt = get_format(fmt) if isinstance(fmt, str) else fmt
+        self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
+        self.compute_dtype = dtype
+        from ..models.moe import DEFAULT_EXPERT_CHUNK
+
+        self.chunk = DEFAULT_EXPERT_CHUNK
+        for proj in self.PROJECTIONS:
+            register_packed(self, self.fmt, self.proj_shape(proj), prefix=f"{proj}_")
+
+    def proj_shape(self, proj: str) -> tuple[int, int, int]:
+        e, d, i = self.num_experts, self.hidden, self.intermediate
+        return (e, d, i) if proj == "down_proj" else (e, i, d)
+
+    def packed(self, proj: str) -> dict[str, Tensor]:
+        return packed_tensors(self, self.fmt, self.proj_shape(proj), prefix=f"{proj}_")
+
+    def dequantize(self, proj: str, expert_ids: Tensor | None = None, dtype: torch.dtype | None = None) -> Tensor:
+        packed = self.packed(proj)
+        if expert_ids is not None:
+            packed = {k: v[expert_ids] for k, v in packed.items()}
+        return self.fmt.dequantize(packed, dtype or self.compute_dtype)
+
+    def linear(self, proj: str, x: Tensor, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _FrozenGroupedFn.apply(x, self, proj, expert_ids, group_sizes)
+        from .dispatch import dequant_grouped
+
+        return dequant_grouped(x, self, proj, expert_ids, group_sizes)
+
+    @classmethod
+    def from_experts(cls, experts: Experts, fmt: QuantFormat | str) -> QuantExperts:
+        e, i, d = experts.gate_proj.shape
+        dtype = experts.gate_proj.dtype
+        q = cls(e, d, i, fmt, dtype=dtype).to(experts.gate_proj.device)
+        q.chunk = experts.chunk
+        if experts.gate_proj.device.type != "meta":
+            for proj in cls.PROJECTIONS:
+                w = getattr(experts, proj).detach()
+                for idx in range(e):  # one expert at a time keeps the transient small
+                    store_packed(q, q.fmt.quantize(w[idx]), prefix=f"{proj}_", index=idx)
+        return q
+
+    # ---- checkpoint loading (see models.loader) ----------------------------------------------------
+
+    def load_checkpoint_tensor(self, local: str, tensor: Tensor, expert: int | None, key: str) -> None:
+        proj, _, suffix = local.partition(".")
+        if proj not in self.PROJECTIONS or expert is None:
+            raise ValueError(f"{key}: unexpected tensor for quantized experts")
+        if suffix == "weight":
+            want = self.proj_shape(proj)[1:]
+            if tuple(tensor.shape) != want:
+                raise ValueError(f"{key}: checkpoint shape {tuple(tensor.shape)} != model shape {want}")
+            device = getattr(self, f"{proj}_{next(iter(self.fmt.packed_shapes(want)))}").device
+            store_packed(self, self.fmt.quantize(tensor.to(device)), prefix=f"{proj}_", index=expert,
+                         key_for_errors=key)
+        else:
+            store_packed(self, {suffix: tensor}, prefix=f"{proj}_", index=expert, key_for_errors=key)
+
+    def canonical_checkpoint_name(self, local: str) -> str:
+        proj, _, _ = local.partition(".")
+        return f"{proj}.weight"
+
+    def expected_checkpoint_tensors(self) -> set[tuple[str, int | None]]:
+        return {(f"{p}.weight", e) for p in self.PROJECTIONS for e in range(self.num_experts)}
+
+    @torch.no_grad()
+    def random_init(self, generator: torch.Generator) -> None:
+        for proj in self.PROJECTIONS:
+            device = next(iter(self.packed(proj).values())).device
+            store_packed(self, self.fmt.random_packed(self.proj_shape(proj), device=device, generator=generator),
+                         prefix=f"{proj}_")
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, hidden={self.hidden}, inter={self.intermediate}, format={self.fmt.name}"
