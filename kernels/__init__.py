@@ -1,0 +1,41 @@
+"""Triton kernels for the frozen low-precision base (installed as `orbit_lightning.kernels`).
+
+Fused dequant-GEMM forward and dX for int4 / fp8-block / mxfp4 / nvfp4 packed weights, a split-K
+small-M (decode) path, a grouped MoE GEMM over active experts, and a batch-invariant mode
+(`set_batch_invariant` / `batch_invariant()`) with a matching RMSNorm. All entry points are plain
+torch functions without autograd.
+
+On the CPU the kernels run under Triton's interpreter, which must be enabled before this package is
+imported: `TRITON_INTERPRET=1` in the environment (tests/kernels/conftest.py sets it).
+"""
+
+from .configs import TileConfig
+from .formats import FORMATS, supports
+from .linear import (
+    dequant_linear,
+    dequant_linear_dx,
+    grouped_dequant_linear,
+    grouped_dequant_linear_dx,
+    int4_linear,
+    int4_linear_dx,
+    kernels_available,
+)
+from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
+from .rmsnorm import rms_norm
+
+__all__ = [
+    "FORMATS",
+    "TileConfig",
+    "batch_invariant",
+    "dequant_linear",
+    "dequant_linear_dx",
+    "grouped_dequant_linear",
+    "grouped_dequant_linear_dx",
+    "int4_linear",
+    "int4_linear_dx",
+    "is_batch_invariant",
+    "kernels_available",
+    "rms_norm",
+    "set_batch_invariant",
+    "supports",
+]

@@ -12,7 +12,7 @@ FAMILIES = ("qwen3", "qwen3_moe", "deepseek_v3")
 # Several configs per family: odd head counts, GQA ratios, top-k, first-k-dense, tied/untied embeddings, YaRN.
 CONFIGS: dict[str, dict] = {
     "qwen3-gqa2": dict(family="qwen3", num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-    "qwen3-odd-heads-tied": dict(family="qwen3", num_attention_heads=3, num_key_value_heads=1, head_dim=8,
+    "qwen3-odd-heads-tied": dict(family="qwen3", num_attention_heads=3, num_key_value_heads=1, head_dim=64,
                                  tie_word_embeddings=True),
     "qwen3-mha-bias": dict(family="qwen3", num_attention_heads=5, num_key_value_heads=5, head_dim=12,
                            attention_bias=True),
@@ -20,7 +20,7 @@ CONFIGS: dict[str, dict] = {
     "qwen3_moe-top3-sparse-step": dict(family="qwen3_moe", num_experts=6, num_experts_per_tok=3,
                                        norm_topk_prob=False, num_hidden_layers=3, decoder_sparse_step=2,
                                        mlp_only_layers=[2], tie_word_embeddings=True),
-    "deepseek_v3-qlora": dict(family="deepseek_v3", q_lora_rank=24, first_k_dense_replace=1),
+    "deepseek_v3-qlora": dict(family="deepseek_v3", q_lora_rank=32, first_k_dense_replace=1),
     "deepseek_v3-no-qlora-yarn": dict(family="deepseek_v3", q_lora_rank=None, first_k_dense_replace=0,
                                       n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=3,
                                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
@@ -34,19 +34,19 @@ CONFIGS: dict[str, dict] = {
 
 
 def hf_config(family: str, **kw) -> transformers.PretrainedConfig:
-    common = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2, rms_norm_eps=1e-6,
+    common = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, rms_norm_eps=1e-6,
                   max_position_embeddings=128)
     if family == "qwen3":
         base = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
         return transformers.Qwen3Config(**{**common, **base, **kw})
     if family == "qwen3_moe":
         base = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-                    moe_intermediate_size=24)
+                    moe_intermediate_size=32)
         return transformers.Qwen3MoeConfig(**{**common, **base, **kw})
     if family == "deepseek_v3":
         base = dict(num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2,
-                    moe_intermediate_size=24, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
-                    q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
+                    moe_intermediate_size=32, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                    q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                     routed_scaling_factor=2.5, norm_topk_prob=True)
         return transformers.DeepseekV3Config(**{**common, **base, **kw})
     raise ValueError(family)
@@ -84,3 +84,13 @@ def padded_batch(vocab: int, lengths: list[int], seed: int = 0) -> tuple[torch.T
     ids = ids * mask  # pad id 0
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids, mask, pos
+
+
+def hf_from_export(state_dict: dict, src_dir: Path, out_dir: Path) -> transformers.PreTrainedModel:
+    """Write an exported HF state dict next to the source config.json and load it with transformers."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, out_dir / "model.safetensors")
+    (out_dir / "config.json").write_text((Path(src_dir) / "config.json").read_text())
+    return transformers.AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()

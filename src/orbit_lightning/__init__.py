@@ -9,10 +9,10 @@ __version__ = "0.1.0"
 # Public names resolve lazily so that `import orbit_lightning` stays cheap (no Lightning/torchao import).
 _PUBLIC = {
     "load_model": "orbit_lightning.models.loader",
-    "add_adapter": "orbit_lightning.adapters.api",
-    "save_adapter": "orbit_lightning.adapters.peft_io",
-    "load_adapter": "orbit_lightning.adapters.peft_io",
-    "export_hf_state_dict": "orbit_lightning.adapters.export",
+    "add_adapter": "orbit_lightning.adapters",
+    "save_adapter": "orbit_lightning.adapters",
+    "load_adapter": "orbit_lightning.adapters",
+    "export_hf_state_dict": "orbit_lightning.adapters",
     "RLModule": "orbit_lightning.module",
 }
 

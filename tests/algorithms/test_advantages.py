@@ -93,7 +93,8 @@ def test_reinforce_pp_hand_computed():
 
 
 def test_masked_samples_excluded_from_group_statistics():
-    # valid rewards [1, 0, 1]: mean 2/3, centred [1/3, -2/3, 1/3], unbiased std = sqrt((1+4+1)/9/2) = sqrt(1/3)
+    # valid rewards [1, 0, 1]: mean 2/3, centred [1/3, -2/3, 1/3]
+    # unbiased std = sqrt((1 + 4 + 1) / 9 / 2) = sqrt(1/3)
     rewards = torch.tensor([1.0, float("nan"), 0.0, 1.0])
     valid = torch.tensor([True, False, True, True])
     adv = grpo_advantages(rewards, 4, valid, eps=0.0)
@@ -143,7 +144,8 @@ def test_registry():
         return torch.full_like(rewards, value)
 
     try:
-        assert torch.equal(get_advantage("test_constant")(torch.zeros(2), 2, value=3.0), torch.full((2,), 3.0))
+        out = get_advantage("test_constant")(torch.zeros(2), 2, value=3.0)
+        assert torch.equal(out, torch.full((2,), 3.0))
     finally:
         ADVANTAGE_ESTIMATORS.pop("test_constant")
 

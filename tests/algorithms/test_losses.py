@@ -185,7 +185,8 @@ def test_aggregate_loss_microbatches_with_denominator_equal_full_batch(mode):
     mask[:, 0] = True
     full = aggregate_loss(loss, mask, mode, max_tokens=8)
     count = mask.sum() if mode == "token_mean" else mask.any(-1).sum()
-    parts = sum(aggregate_loss(loss[i : i + 2], mask[i : i + 2], mode, 8, denominator=count) for i in (0, 2, 4))
+    parts = [aggregate_loss(loss[i : i + 2], mask[i : i + 2], mode, 8, denominator=count) for i in (0, 2, 4)]
+    parts = sum(parts)
     torch.testing.assert_close(parts, full, rtol=1e-12, atol=1e-12)
 
 
@@ -205,3 +206,15 @@ def test_aggregate_loss_errors():
         aggregate_loss(LOSS, MASK, "sum")
     with pytest.raises(ValueError, match="mask"):
         aggregate_loss(LOSS, MASK[:2])
+
+
+@pytest.mark.parametrize("name", ["ppo", "gspo"])
+def test_inf_padding_off_the_mask_gives_finite_grads(name):
+    logprobs = torch.tensor([[-1.0, float("-inf")]], requires_grad=True)
+    old = torch.tensor([[-1.2, float("-inf")]])
+    mask = torch.tensor([[True, False]])
+    loss_tok, metrics = get_policy_loss(name)(logprobs, old, torch.tensor([1.0]), mask, eps_high=1.0)
+    aggregate_loss(loss_tok, mask).backward()
+    assert torch.isfinite(loss_tok).all() and torch.isfinite(logprobs.grad).all()
+    assert logprobs.grad[0, 0] != 0 and logprobs.grad[0, 1] == 0
+    assert all(torch.isfinite(v) for v in metrics.values())

@@ -50,7 +50,7 @@ def get_advantage(name: str) -> AdvantageFn:
 
 @dataclass(frozen=True)
 class _Groups:
-    """Float64 group view of the rewards: invalid entries are 0 in ``rewards`` and ``centered``."""
+    """Float64 group view of the rewards; ``centered`` is 0 at invalid samples."""
 
     valid: Tensor  # [B, G] bool
     count: Tensor  # [B, 1] float64, valid samples per group
@@ -143,14 +143,14 @@ def reinforce_pp_advantages(
     """REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262): A = r - mean(r_group), then
     A / (std_batch(A) + eps) with the std over every valid sample of the batch.
 
-    The paper also subtracts the batch mean of A first; after group centring that mean is exactly 0, so it
-    is omitted. A KL penalty in the reward, if wanted, is applied beforehand (kl.kl_penalized_rewards).
+    The paper also subtracts the batch mean of A first; after group centring that mean is 0 (up to
+    rounding), so it is omitted. A KL penalty in the reward, if wanted, is applied beforehand
+    (kl.kl_penalized_rewards).
     """
     g = _Groups.build(rewards, group_size, valid, "reinforce_pp")
-    usable = g.valid & (g.count >= 2)
-    n = usable.sum().double()
-    batch_std = (torch.where(usable, g.centered, torch.zeros_like(g.centered)).square().sum()
-                 / (n - 1).clamp_min(1)).sqrt()
+    # centred rewards are already 0 outside usable groups; only the count must skip them
+    n = (g.valid & (g.count >= 2)).sum().double()
+    batch_std = (g.centered.square().sum() / (n - 1).clamp_min(1)).sqrt()
     return g.finish(g.centered / safe_denominator(batch_std + eps))
 
 

@@ -30,7 +30,8 @@ def group_keep_mask(
     r, v = check_groups(rewards, group_size, valid)
     inf = torch.tensor(float("inf"), dtype=r.dtype, device=r.device)
     spread = torch.where(v, r, -inf).amax(dim=1) - torch.where(v, r, inf).amin(dim=1)
-    return (v.sum(dim=1) >= 2) & (spread > tol)
+    # one valid sample gives spread 0 and none gives -inf, so such groups fail the test without a count
+    return spread > tol
 
 
 def concat_kept_groups(
@@ -45,18 +46,18 @@ def concat_kept_groups(
     ``rounds[r]`` maps names to per-sample tensors whose first dim is N_r = B_r * G (group-contiguous);
     ``keeps[r]`` is that round's [B_r] bool mask from ``group_keep_mask``. Every round must have the same
     keys. Tensors with more than one dim (e.g. tokens [N_r, T_r]) are right-padded along the last dim to
-    the longest round with ``pad_values[name]`` (default 0). Returns (batch of K*G rows, K); K is below
-    ``target_groups`` when the rounds do not hold enough kept groups yet (generate another round).
+    the longest of the rounds used, with ``pad_values[name]`` (default 0). Returns (batch of K*G rows, K);
+    K is below ``target_groups`` when the rounds do not hold enough kept groups yet (generate another round).
     """
     if len(rounds) != len(keeps) or not rounds:
         raise ValueError(f"need >= 1 round and one keep mask per round, got {len(rounds)} / {len(keeps)}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     if target_groups < 1:
         raise ValueError(f"target_groups must be >= 1, got {target_groups}")
     names = list(rounds[0])
     pad_values = dict(pad_values or {})
 
-    pieces: dict[str, list[Tensor]] = {name: [] for name in names}
-    taken = 0
     for i, (batch, keep) in enumerate(zip(rounds, keeps)):
         if sorted(batch) != sorted(names):
             raise ValueError(f"round {i} has keys {sorted(batch)}, round 0 has {sorted(names)}")
@@ -68,6 +69,10 @@ def concat_kept_groups(
                 raise ValueError(
                     f"round {i}: {name!r} has {t.shape[0]} rows, expected B*G = {keep.shape[0]}*{group_size}"
                 )
+
+    pieces: dict[str, list[Tensor]] = {name: [] for name in names}
+    taken = 0
+    for batch, keep in zip(rounds, keeps):
         groups = keep.nonzero().flatten()[: target_groups - taken]
         taken += groups.numel()
         rows = (groups[:, None] * group_size + torch.arange(group_size, device=keep.device)).flatten()

@@ -62,7 +62,8 @@ def importance_weights(
     with torch.no_grad():
         m = float_mask(mask, old_logprobs.shape, dtype)
         counts = m > 0
-        log_ratio = old_logprobs.to(dtype) - rollout_logprobs.to(dtype)  # [N, T]
+        # off-mask padding may be -inf on both sides; NaN weights there would poison grads (0 * NaN)
+        log_ratio = torch.where(counts, old_logprobs.to(dtype) - rollout_logprobs.to(dtype), 0.0)  # [N, T]
         if level == "token":
             level_log_ratio = log_ratio
         else:
@@ -79,7 +80,7 @@ def importance_weights(
             affected = rho > cap if lower is None else (rho > cap) | (rho < lower)
             weights = torch.where(affected, torch.zeros_like(rho), rho)
             keep = counts & ~affected
-        weights = weights * m
+        weights = torch.where(counts, weights, 0.0)
 
         metrics = {
             "is_weight_mean": masked_mean(weights, m),

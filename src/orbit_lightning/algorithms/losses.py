@@ -65,12 +65,13 @@ def _prepare(
         raise ValueError(
             f"advantages must be [N] or [N, T] = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
         )
-    return (
-        logprobs.to(dtype),
-        old_logprobs.detach().to(dtype),
-        advantages.detach().to(dtype),
-        float_mask(mask, logprobs.shape, dtype),
-    )
+    m = float_mask(mask, logprobs.shape, dtype)
+    # Zero the log-probs off the mask: padding may hold -inf, and -inf - -inf = NaN there would reach the
+    # grads through exp's backward (0 * NaN) even though the aggregation never selects those tokens.
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+    lp = torch.where(m > 0, logprobs.to(dtype), zero)
+    old = torch.where(m > 0, old_logprobs.detach().to(dtype), zero)
+    return lp, old, advantages.detach().to(dtype), m
 
 
 def _check_clip(eps_low: float, eps_high: float, dual_clip: float | None) -> None:

@@ -25,25 +25,25 @@ def load_rows(source: Source, split: str | None = None) -> list[dict[str, Any]]:
         rows = list(source)
     elif os.path.isdir(source):
         rows = _load_hf_dir(os.fspath(source), split)
-    elif os.fspath(source).endswith(".jsonl"):
+    elif (path := os.fspath(source)).endswith(".jsonl"):
         rows = []
-        with open(source, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as e:
-                        raise ValueError(f"{os.fspath(source)} line {lineno} is not valid JSON: {e}") from None
-    elif os.fspath(source).endswith(".json"):
-        with open(source, encoding="utf-8") as f:
+                        raise ValueError(f"{path} line {lineno} is not valid JSON: {e}") from None
+    elif path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
             rows = json.load(f)
         if not isinstance(rows, list):
-            raise ValueError(f"{os.fspath(source)} must hold a JSON list of objects, got {type(rows).__name__}")
-    elif not os.path.exists(source):
-        raise FileNotFoundError(f"prompt source {os.fspath(source)!r} does not exist")
+            raise ValueError(f"{path} must hold a JSON list of objects, got {type(rows).__name__}")
+    elif not os.path.exists(path):
+        raise FileNotFoundError(f"prompt source {path!r} does not exist")
     else:
         raise ValueError(
-            f"cannot read prompts from {os.fspath(source)!r}: use a .jsonl file, a .json list file, "
+            f"cannot read prompts from {path!r}: use a .jsonl file, a .json list file, "
             "or a directory saved with datasets' save_to_disk"
         )
     for i, row in enumerate(rows):
@@ -63,7 +63,9 @@ def _load_hf_dir(path: str, split: str | None) -> list[dict[str, Any]]:
     loaded = datasets.load_from_disk(path)
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise ValueError(f"{path!r} holds splits {sorted(loaded)}; pass split= one of them (got {split!r})")
+            raise ValueError(
+                f"{path!r} holds splits {sorted(loaded)}; pass split= one of them, not {split!r}"
+            )
         loaded = loaded[split]
     return list(loaded)
 
@@ -132,7 +134,10 @@ class PromptDataset(Dataset):
         if too_long:
             logger.warning(
                 "dropped %d of %d prompts from %s: longer than max_prompt_tokens=%d",
-                too_long, len(rows), _describe(source), max_prompt_tokens,
+                too_long,
+                len(rows),
+                _describe(source),
+                max_prompt_tokens,
             )
         if not self.items:
             raise ValueError(
@@ -158,9 +163,7 @@ def train_eval_split(
             raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
         eval_size = max(1, round(len(items) * eval_fraction))
     if not 0 < eval_size < len(items):
-        raise ValueError(
-            f"eval_size={eval_size} must leave both splits non-empty for {len(items)} items"
-        )
+        raise ValueError(f"eval_size={eval_size} must leave both splits non-empty for {len(items)} items")
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     return [items[i] for i in order[eval_size:]], [items[i] for i in order[:eval_size]]

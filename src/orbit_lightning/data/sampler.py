@@ -60,6 +60,6 @@ class ResumableBatchSampler:
         if changed:
             diffs = ", ".join(f"{k}: saved {state.get(k)!r}, now {mine[k]!r}" for k in changed)
             raise ValueError(
-                f"sampler state does not fit this dataset ({diffs}); resume with the same data, seed and shuffle"
+                f"sampler state does not fit this dataset ({diffs}); resume with the same data and seed"
             )
         self.cursor = int(state["cursor"])

@@ -23,7 +23,7 @@ class ArithmeticTaskConfig:
         object.__setattr__(self, "ops", tuple(self.ops))
         if not 1 <= self.num_digits_min <= self.num_digits_max:
             raise ValueError(
-                f"need 1 <= num_digits_min <= num_digits_max, got {self.num_digits_min}, {self.num_digits_max}"
+                f"need 1 <= num_digits_min <= num_digits_max, got {self.num_digits_min}/{self.num_digits_max}"
             )
         bad = [op for op in self.ops if op not in SUPPORTED_OPS]
         if bad or not self.ops:
@@ -31,7 +31,7 @@ class ArithmeticTaskConfig:
         if self.num_operands < 2:
             raise ValueError(f"num_operands must be >= 2, got {self.num_operands}")
         if self.train_size < 0 or self.eval_size < 0:
-            raise ValueError(f"train_size and eval_size must be >= 0, got {self.train_size}, {self.eval_size}")
+            raise ValueError(f"train_size, eval_size must be >= 0, got {self.train_size}, {self.eval_size}")
         wanted, possible = self.train_size + self.eval_size, self.num_distinct_prompts()
         if wanted > possible:
             raise ValueError(
@@ -41,7 +41,8 @@ class ArithmeticTaskConfig:
 
     def num_distinct_prompts(self) -> int:
         # 1-digit operands include 0: 10 values; d >= 2 digits: 9 * 10**(d-1) values.
-        operands = 10**self.num_digits_max - (10 ** (self.num_digits_min - 1) if self.num_digits_min > 1 else 0)
+        lo = 10 ** (self.num_digits_min - 1) if self.num_digits_min > 1 else 0
+        operands = 10**self.num_digits_max - lo
         return operands**self.num_operands * len(set(self.ops)) ** (self.num_operands - 1)
 
 

@@ -80,7 +80,9 @@ class CharTokenizer:
     def from_pretrained(cls, directory: str | os.PathLike) -> CharTokenizer:
         path = os.path.join(directory, TOKENIZER_FILE)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"no {TOKENIZER_FILE} in {os.fspath(directory)!r}; save one with save_pretrained")
+            raise FileNotFoundError(
+                f"no {TOKENIZER_FILE} in {os.fspath(directory)!r}; write it with save_pretrained"
+            )
         with open(path, encoding="utf-8") as f:
             spec = json.load(f)
         if spec.get("type") != "char" or tuple(spec.get("special_tokens", ())) != SPECIAL_TOKENS:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import Tensor, nn
 
@@ -72,20 +70,11 @@ class CausalLM(nn.Module):
                 position_ids: Tensor | None = None, ctx: AttentionContext | None = None) -> Tensor:
         return self.lm_head(self.hidden_states(input_ids, attention_mask, position_ids, ctx))
 
-    @contextlib.contextmanager
     def disable_adapter(self):
-        """The reference policy: the same base with every adapter switched off (no extra weights)."""
-        from ..adapters.slots import adapter_layers
+        """Context manager: the reference policy, i.e. the same base with every adapter off (no extra weights)."""
+        from ..adapters.slots import adapters_disabled
 
-        layers = list(adapter_layers(self))
-        saved = [layer.enabled for layer in layers]
-        for layer in layers:
-            layer.enabled = False
-        try:
-            yield self
-        finally:
-            for layer, was in zip(layers, saved):
-                layer.enabled = was
+        return adapters_disabled(self)
 
 
 def positions_from_mask(mask: Tensor | None, b: int, t: int, device: torch.device) -> Tensor:

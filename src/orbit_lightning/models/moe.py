@@ -7,6 +7,8 @@ only *active* experts are touched, `chunk` experts at a time; each chunk runs as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -79,25 +81,36 @@ class Experts(nn.Module):
         return grouped_mm(x, getattr(self, proj)[expert_ids], group_sizes)
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
-        """x [T, D], topk_ids/topk_w [T, k] -> [T, D]."""
-        t, k = topk_ids.shape
-        flat = topk_ids.reshape(-1)
-        order = flat.argsort(stable=True)
-        token = order // k  # source token of each sorted (token, slot) pair
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        active = [e for e, c in enumerate(counts) if c]
-        xs = x[token]
-        outs, start = [], 0
-        for i in range(0, len(active), self.chunk):
-            ids = active[i : i + self.chunk]
-            sizes = [counts[e] for e in ids]
-            rows = xs[start : start + sum(sizes)]
-            start += sum(sizes)
-            eid = torch.tensor(ids, device=x.device)
-            h = F.silu(self.linear("gate_proj", rows, eid, sizes)) * self.linear("up_proj", rows, eid, sizes)
-            outs.append(self.linear("down_proj", h, eid, sizes))
-        y = torch.cat(outs) * topk_w.reshape(-1)[order, None]
-        return x.new_zeros(t, x.shape[-1]).index_add_(0, token, y.to(x.dtype))
+        return dispatch_experts(x, topk_ids, topk_w, self.num_experts, self.chunk, self.linear)
+
+
+def dispatch_experts(
+    x: Tensor,  # [T, D]
+    topk_ids: Tensor,  # [T, k] int64
+    topk_w: Tensor,  # [T, k]
+    num_experts: int,
+    chunk: int,
+    linear: Callable[[str, Tensor, Tensor, list[int]], Tensor],  # (proj, rows, expert_ids, group_sizes) -> out
+) -> Tensor:
+    """Route (token, slot) pairs to experts, run active experts `chunk` at a time, combine -> [T, D]."""
+    t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    token = order // k  # source token of each sorted (token, slot) pair
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    active = [e for e, c in enumerate(counts) if c]
+    xs = x[token]
+    outs, start = [], 0
+    for i in range(0, len(active), chunk):
+        ids = active[i : i + chunk]
+        sizes = [counts[e] for e in ids]
+        rows = xs[start : start + sum(sizes)]
+        start += sum(sizes)
+        eid = torch.tensor(ids, device=x.device)
+        h = F.silu(linear("gate_proj", rows, eid, sizes)) * linear("up_proj", rows, eid, sizes)
+        outs.append(linear("down_proj", h, eid, sizes))
+    y = torch.cat(outs) * topk_w.reshape(-1)[order, None]
+    return x.new_zeros(t, x.shape[-1]).index_add_(0, token, y.to(x.dtype))
 
 
 class MoE(nn.Module):

@@ -151,25 +151,25 @@ class RewardRunner:
         errors: dict[tuple[int, int], BaseException] = {}
         started: dict[tuple[int, int], float] = {}
         while len(values) + len(errors) < len(tasks):
-            wait = min(started.values(), default=time.monotonic()) + self.timeout_s - time.monotonic()
+            first_deadline = min(started.values(), default=time.monotonic()) + self.timeout_s
             try:
-                kind, task, payload = events.get(timeout=max(wait, 0.0))
+                kind, task, payload = events.get(timeout=max(first_deadline - time.monotonic(), 0.0))
             except queue.Empty:
-                now = time.monotonic()
-                for task, t0 in list(started.items()):
-                    if now - t0 >= self.timeout_s:
-                        del started[task]
-                        errors[task] = TimeoutError(f"no result after {self.timeout_s:g} s; call abandoned")
-                        spawn()  # the stuck thread no longer counts as a worker
-                continue
+                kind = None
             if kind == "start":
                 started[task] = payload
-            elif task in started:  # a "done" for a call already timed out is ignored
+            elif kind == "done" and task in started:  # a "done" for a call already timed out is ignored
                 del started[task]
                 if isinstance(payload, BaseException):
                     errors[task] = payload
                 else:
                     values[task] = payload
+            now = time.monotonic()
+            for task, t0 in list(started.items()):
+                if now - t0 >= self.timeout_s:
+                    del started[task]
+                    errors[task] = TimeoutError(f"no result after {self.timeout_s:g} s; call abandoned")
+                    spawn()  # the stuck thread no longer counts as a worker
         return values, errors
 
 

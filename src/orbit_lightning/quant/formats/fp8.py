@@ -58,9 +58,10 @@ class Fp8BlockFormat(QuantFormat):
     def packed_shapes(self, shape: tuple[int, ...]) -> PackedShapes:
         self.validate(shape)
         *lead, n, k = shape
+        scale_shape = (*lead, math.ceil(n / self.block[0]), math.ceil(k / self.block[1]))
         return {
             "weight": ((*lead, n, k), torch.float8_e4m3fn),
-            "weight_scale_inv": ((*lead, math.ceil(n / self.block[0]), math.ceil(k / self.block[1])), torch.float32),
+            "weight_scale_inv": (scale_shape, torch.float32),
         }
 
     def quantize(self, w: Tensor) -> dict[str, Tensor]:

@@ -5,24 +5,25 @@ Packed layout (every key keeps the leading `...` dims of the weight):
                                             word i (first element in the lowest bits), stored offset-binary as
                                             q + 8 in [0, 15]; words are two's-complement int32.
     weight_scale   bfloat16 [..., N, K/g]   w = q * scale
-    weight_shape   int64    [..., 2]        (N, K) of each matrix, as compressed-tensors stores it. Informational:
-                                            dequantize reads K from weight_packed (K is a multiple of g, so no
-                                            padding) and never reads this tensor, avoiding a device sync.
+    weight_shape   int64    [..., 2]        (N, K) of each matrix, as compressed-tensors stores it.
+                                            Informational: dequantize reads K from weight_packed (K is a
+                                            multiple of g, so there is no padding) and never reads this
+                                            tensor, which would cost a device sync.
 
 Packing convention checked against compressed-tensors' `pack_to_int32` / `unpack_from_int32`
-(vllm-project/compressed-tensors, compressors/quantized_compressors/pack_quantized.py): they add
-offset 1 << (num_bits - 1) = 8, group 32 // num_bits = 8 consecutive values along the row, shift value i left by
-num_bits * i and sum into an int32; unpacking masks (w >> 4i) & 0xF and subtracts 8. Same as above.
+(vllm-project/compressed-tensors, compressors/quantized_compressors/pack_quantized.py): they add the
+offset 1 << (num_bits - 1) = 8, group 32 // num_bits = 8 consecutive values along the row, shift value i
+left by num_bits * i and sum into an int32; unpacking masks (w >> 4i) & 0xF and subtracts 8. Same as above.
 
 Quantization follows compressed-tensors' symmetric int path (quantization/utils/helpers.py
 `calculate_qparams`, lifecycle/forward.py `_quantize`): scale = absmax / ((q_max - q_min) / 2) = absmax / 7.5
 (neither /7 nor /8), q = clamp(round(w / scale), -8, 7) with round-half-even. A group whose absmax is reached
 by a negative weight uses code -8; a positive maximum rounds to 7.5 -> 8 and is clipped to 7. All-zero groups
 get scale = bf16 eps (compressed-tensors' `_get_dtype_eps`) so nothing divides by zero.
-One deliberate difference: w / scale is computed in float32 (compressed-tensors divides in the weight's dtype),
-which only matters for exact rounding ties.
+One deliberate difference: w / scale is computed in float32 (compressed-tensors divides in the weight's
+dtype), which only matters for exact rounding ties.
 
-Because the /7.5 scale is not a fixed point (re-quantizing q * scale gives absmax 7 * scale or 8 * scale), only
+The /7.5 scale is not a fixed point (re-quantizing q * scale finds absmax 7 * scale or 8 * scale), so only
 "codes given the stored scale" round-trip exactly, not the scale itself.
 """
 
@@ -43,6 +44,11 @@ _OFFSET = 8
 _SHIFTS = tuple(4 * j for j in range(8))
 
 
+def _as_int32(value: int) -> int:
+    """The signed int32 with the same 32 bits as the unsigned `value`."""
+    return value - 2**32 if value >= 2**31 else value
+
+
 def pack_int4(q: Tensor) -> Tensor:
     """q: [..., K] integer codes in [-8, 7], K % 8 == 0 -> [..., K/8] int32."""
     words = (q.to(torch.int64) + _OFFSET).unflatten(-1, (-1, 8))
@@ -50,11 +56,6 @@ def pack_int4(q: Tensor) -> Tensor:
     packed = (words << shifts).sum(-1)
     # Values >= 2^31 (bit 31 set) are stored as negative two's-complement int32.
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-
-
-def _as_int32(value: int) -> int:
-    """The signed int32 with the same 32 bits as the unsigned `value`."""
-    return value - 2**32 if value >= 2**31 else value
 
 
 def unpack_int4(packed: Tensor) -> Tensor:

@@ -6,7 +6,7 @@ stacked experts `[E, N, K]`. Every format quantizes along K and returns a dict o
 Contract shared by all formats (the Triton kernels rely on it):
 - Every packed tensor, including per-matrix scalars such as nvfp4's global scale, keeps the leading `...`
   dims of the weight as its own leading dims. So `index_leading(packed, idx)` (indexing every key with the
-  same `idx`) selects experts, and `fmt.dequantize(index_leading(packed, idx)) == fmt.dequantize(packed)[idx]`.
+  same `idx`) selects experts: `fmt.dequantize(index_leading(packed, idx)) == fmt.dequantize(packed)[idx]`.
 - Packed tensors are contiguous, in the dtypes listed by `packed_shapes`.
 - `dequantize` computes in float32 (float64 when `dtype=torch.float64`) and casts once at the end.
 - `quantize` computes in float32 (float64 for float64 input), so a weight dequantized in float64 re-quantizes
@@ -44,7 +44,10 @@ class QuantFormat(ABC):
 
     @abstractmethod
     def random_packed(
-        self, shape: tuple[int, ...], device: torch.device | str = "cpu", generator: torch.Generator | None = None
+        self,
+        shape: tuple[int, ...],
+        device: torch.device | str = "cpu",
+        generator: torch.Generator | None = None,
     ) -> dict[str, Tensor]:
         """Valid packed tensors drawn directly in packed form; dequantized std is about 0.02."""
 
@@ -58,20 +61,20 @@ class QuantFormat(ABC):
 
     def nbytes(self, shape: tuple[int, ...]) -> int:
         """Storage of the packed form of a weight of `shape`, in bytes."""
-        return sum(
-            math.prod(s) * torch.empty((), dtype=dt).element_size() for s, dt in self.packed_shapes(shape).values()
-        )
+        shapes = self.packed_shapes(shape).values()
+        return sum(math.prod(s) * torch.empty((), dtype=dt).element_size() for s, dt in shapes)
 
     def empty_packed(self, shape: tuple[int, ...], device: torch.device | str = "meta") -> dict[str, Tensor]:
-        """Uninitialised packed buffers (meta by default), e.g. to build a module before loading a checkpoint."""
-        return {k: torch.empty(s, dtype=dt, device=device) for k, (s, dt) in self.packed_shapes(shape).items()}
+        """Uninitialised packed buffers (meta by default), e.g. to build a module before loading weights."""
+        shapes = self.packed_shapes(shape)
+        return {k: torch.empty(s, dtype=dt, device=device) for k, (s, dt) in shapes.items()}
 
     def _check_input(self, w: Tensor) -> None:
         if not w.is_floating_point():
             raise TypeError(f"{self.name}: quantize expects a floating-point weight, got {w.dtype}")
         self.validate(tuple(w.shape))
         if not bool(torch.isfinite(w).all()):
-            raise ValueError(f"{self.name}: the weight contains NaN or inf; fix the checkpoint before quantizing")
+            raise ValueError(f"{self.name}: the weight contains NaN or inf; fix it before quantizing")
 
     def _check_packed(self, packed: dict[str, Tensor], keys: tuple[str, ...]) -> None:
         missing = [k for k in keys if k not in packed]

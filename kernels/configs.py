@@ -1,0 +1,91 @@
+"""Fixed tile configurations, chosen per kernel and per M bucket (no autotuning).
+
+Naming: a kernel computes out[M, P] = a[M, R] @ B[R, P]. For the forward pass P = N and R = K; for
+dX, P = K and R = N. block_r is therefore the K step of the forward and the N step of dX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .mode import is_batch_invariant
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int  # activation rows per program
+    block_p: int  # output columns per program
+    block_r: int  # reduction step
+    num_warps: int = 4
+    num_stages: int = 3
+    # Compute out^T = B^T a^T so the dequantized weight tile is the MMA's first operand: on Hopper
+    # that operand may live in registers, so the decoded tile never round-trips through shared memory,
+    # and a small M becomes the MMA's narrow N side instead of padding a 64-row side.
+    swap_ab: bool = False
+    split_k: int = 1  # reduction splits; 0 = pick from the grid size to fill the GPU
+    group_m: int = 8  # programs along M walked together, for L2 reuse of weight tiles
+
+    def __post_init__(self):
+        for name in ("block_m", "block_p", "block_r"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"TileConfig.{name} must be a power of two >= 16 (tl.dot minimum), got {v}")
+        if self.split_k < 0:
+            raise ValueError(f"TileConfig.split_k must be >= 0, got {self.split_k}")
+
+
+# Forward (kind "fwd") and dX ("dx") configs by M bucket: (max M, config). Decode buckets split the
+# reduction so that a GEMV-sized grid still fills every SM while streaming the packed bytes.
+_FAST: dict[str, tuple[tuple[int, TileConfig], ...]] = {
+    "fwd": (
+        (16, TileConfig(16, 64, 256, num_warps=4, num_stages=4, swap_ab=True, split_k=0)),
+        (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4, swap_ab=True, split_k=0)),
+        (256, TileConfig(64, 128, 64, num_warps=4, num_stages=4, swap_ab=True)),
+        (1 << 62, TileConfig(128, 128, 64, num_warps=8, num_stages=3, swap_ab=True)),
+    ),
+    "dx": (
+        (16, TileConfig(16, 64, 128, num_warps=4, num_stages=4, swap_ab=True, split_k=0)),
+        (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4, swap_ab=True, split_k=0)),
+        (256, TileConfig(64, 128, 64, num_warps=4, num_stages=4, swap_ab=True)),
+        (1 << 62, TileConfig(128, 128, 64, num_warps=8, num_stages=3, swap_ab=True)),
+    ),
+}
+# Grouped MoE: M is the mean rows per active expert; split-K is never used there.
+_FAST["grouped_fwd"] = tuple((m, replace(c, split_k=1)) for m, c in _FAST["fwd"])
+_FAST["grouped_dx"] = tuple((m, replace(c, split_k=1)) for m, c in _FAST["dx"])
+
+# Batch-invariant mode: one config per kind whatever M is, never split. Forward and grouped forward
+# share it so a token's row is reduced identically by the dense and the MoE path's kernels.
+_INVARIANT = TileConfig(64, 128, 64, num_warps=4, num_stages=4, swap_ab=True)
+
+_CPU = TileConfig(32, 32, 32, num_warps=1, num_stages=1)  # interpreter: small tiles, exact same code
+
+
+def pick_config(kind: str, m: int, device: torch.device) -> TileConfig:
+    """The tile config for kernel `kind` ("fwd", "dx", "grouped_fwd", "grouped_dx") at M rows."""
+    if kind not in _FAST:
+        raise ValueError(f"unknown kernel kind {kind!r}; expected one of {sorted(_FAST)}")
+    if device.type != "cuda":
+        return _CPU
+    if is_batch_invariant():
+        return _INVARIANT
+    return next(cfg for bound, cfg in _FAST[kind] if m <= bound)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def auto_split(cfg: TileConfig, programs: int, r: int, device: torch.device) -> int:
+    """Number of reduction splits: cfg.split_k, or (when it is 0) enough to give ~2 programs per SM."""
+    n_r_tiles = -(-r // cfg.block_r)
+    if cfg.split_k:
+        return max(1, min(cfg.split_k, n_r_tiles))
+    if device.type != "cuda":
+        return 1
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    want = -(-2 * _SM_COUNT[idx] // max(programs, 1))
+    return max(1, min(want, n_r_tiles, 32))

@@ -1,0 +1,114 @@
+"""In-register decoders: turn one tile of a packed weight into float32 values.
+
+Every kernel reads weights only through `load_scales` + `dequant_tile`, so forward, dX, decode and
+grouped MoE see bit-identical dequantized values (the "one path" invariant). The tile is
+W[rows, k0:k0+BK] in the weight's own [N, K] orientation; callers transpose it with tl.trans for W^T.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# 2**23 as fp32 bits: OR-ing a small integer c into the mantissa gives the float 2**23 + c exactly.
+# Converting through this bit trick avoids the slow int->float conversion unit.
+_MAGIC_BITS = tl.constexpr(0x4B000000)
+_MAGIC_INT4 = tl.constexpr(8388616.0)  # 2**23 + 8: also removes the +8 offset of the stored nibble
+
+
+@triton.jit
+def _unpack(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: tl.constexpr,
+            PER: tl.constexpr, BITS: tl.constexpr, K_EVEN: tl.constexpr):
+    """int32 [ROWS, BK]: the BITS-wide fields of W[rows, k0:k0+BK], PER fields per stored word
+    (field j of a word sits at bits j*BITS); entries outside the matrix are 0."""
+    cols = k0 // PER + tl.arange(0, BK // PER)
+    if K_EVEN:  # no K mask: it would cap the vector width of the (async) loads
+        mask = (rows[:, None] < N) & (cols[None, :] >= 0)
+    else:
+        mask = (rows[:, None] < N) & (cols[None, :] < n_words)
+    words = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0).to(tl.int32)
+    shifts = tl.arange(0, PER) * BITS
+    fields = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
+    return tl.reshape(fields, (ROWS, BK))
+
+
+@triton.jit
+def _e2m1_to_f32(code):
+    """fp4 e2m1 codes (int32, 0..15) -> float32, built from bits: 0, .5, 1, 1.5, 2, 3, 4, 6 and signs."""
+    mag = code & 7
+    exp = mag >> 1
+    man = mag & 1
+    normal = ((exp + 126) << 23) | (man << 22)  # 2^(exp-1) * (1 + man/2)
+    subnormal = man * 0x3F000000  # exp == 0: man * 0.5
+    bits = tl.where(exp > 0, normal, subnormal) | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _expand_groups(s, ROWS: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """[ROWS, BK // GROUP] per-group scales -> [ROWS, BK] (each repeated GROUP times)."""
+    s3 = tl.broadcast_to(s[:, :, None], (ROWS, BK // GROUP, GROUP))
+    return tl.reshape(s3, (ROWS, BK))
+
+
+@triton.jit
+def load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, gscale, FMT: tl.constexpr,
+                ROWS: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, K_EVEN: tl.constexpr):
+    """float32 scales of the tile W[rows, k0:k0+BK]: [ROWS, BK // GROUP], or [ROWS, 1] when the tile lies
+    inside one group. Zero for rows >= n_rows (N, or 0 for a prefetch past the end) and past K, which
+    also zeroes the weights they multiply. gscale: nvfp4's per-matrix scale (else unused).
+
+    rows: int [ROWS] row (N) indices; k0 is a multiple of BK, and BK and GROUP are powers of two, so a
+    tile holds whole scale groups (BK >= GROUP) or lies inside one group (BK < GROUP).
+    """
+    row_ok = rows < n_rows
+    if FMT == 1:  # fp8 128x128 blocks: 128 rows share a scale row
+        srows = rows // 128
+    else:
+        srows = rows
+    if BK >= GROUP:
+        g = k0 // GROUP + tl.arange(0, BK // GROUP)
+        if K_EVEN:
+            smask = row_ok[:, None] & (g[None, :] >= 0)
+        else:
+            smask = row_ok[:, None] & (g[None, :] < n_groups)
+        s = tl.load(s_ptr + srows[:, None] * stride_sn + g[None, :], mask=smask)
+    else:
+        smask = row_ok[:, None]
+        s = tl.load(s_ptr + srows * stride_sn + k0 // GROUP, mask=row_ok)[:, None]
+    if FMT == 2:  # e8m0 exponent byte -> 2^(e-127) as fp32 bits (e = 0 decodes to 0, e = 255 to inf)
+        s = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    elif FMT == 3:  # fp8 block scale times the per-matrix fp32 global scale
+        s = s.to(tl.float32) * gscale
+    else:
+        s = s.to(tl.float32)
+    # fp8 loads take no `other=`, so masked lanes are zeroed here.
+    return tl.where(smask, s, 0.0)
+
+
+@triton.jit
+def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr,
+                 ROWS: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, K_EVEN: tl.constexpr):
+    """float32 [ROWS, BK] = W[rows, k0:k0+BK], zero outside the matrix; `scales` from load_scales.
+
+    FMT is one of formats.INT4 / FP8 / MXFP4 / NVFP4. K_EVEN: K % BK == 0, so no tile crosses K.
+    """
+    if FMT == 0:  # int4: q + 8 in 4-bit fields, 8 per int32
+        nib = _unpack(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, 4, K_EVEN)
+        vals = (nib | _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC_INT4
+    elif FMT == 1:  # fp8 e4m3
+        cols = k0 + tl.arange(0, BK)
+        if K_EVEN:
+            mask = (rows[:, None] < N) & (cols[None, :] >= 0)
+        else:
+            mask = (rows[:, None] < N) & (cols[None, :] < K)
+        # (no `other=` for fp8 pointers; zero the masked lanes after the conversion instead)
+        vals = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask).to(tl.float32)
+        vals = tl.where(mask, vals, 0.0)
+    else:  # mxfp4 / nvfp4: e2m1 codes, low nibble first
+        vals = _e2m1_to_f32(_unpack(w_ptr, rows, k0, N, K // 2, stride_wn, ROWS, BK, 2, 4, K_EVEN))
+    if BK >= GROUP:
+        w = vals * _expand_groups(scales, ROWS, BK, GROUP)
+    else:
+        w = vals * scales
+    return w

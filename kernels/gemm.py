@@ -1,0 +1,221 @@
+"""Fused dequant-GEMM for one packed weight W [N, K]: forward y = x W^T and dX dx = dy W.
+
+One kernel body serves both: it computes out[M, P] = a[M, R] @ B[R, P] where B is W^T (forward,
+P = N, R = K) or W (dX, P = K, R = N). Weight tiles are always read in W's stored orientation and
+decoded in registers (dequant.dequant_tile); bf16 weights never reach HBM and dX needs no second copy.
+Accumulation is fp32. Small M uses a deterministic split-K: each split writes an fp32 partial and the
+last program to finish a tile (counted with an atomic ticket) sums the partials in split order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .configs import TileConfig, auto_split, pick_config
+from .dequant import dequant_tile, load_scales
+from .formats import PackedWeight
+
+
+@triton.jit
+def tile_mainloop(a_ptr, stride_am, stride_ar, offs_m, m_ok, w_ptr, s_ptr, gs_ptr, stride_wn, stride_sn,
+                  p0, r_lo, r_hi, R, N, K, n_groups,
+                  FMT: tl.constexpr, GROUP: tl.constexpr, DX: tl.constexpr, SWAP: tl.constexpr,
+                  BM: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr,
+                  K_EVEN: tl.constexpr):
+    """fp32 accumulator of a[offs_m, r_lo:r_hi] @ B[r_lo:r_hi, p0:p0+BP]; [BP, BM] if SWAP else [BM, BP].
+
+    r_lo is a multiple of BR, so weight tiles stay aligned to scale groups.
+    """
+    offs_p = p0 + tl.arange(0, BP)
+    if SWAP:
+        acc = tl.zeros((BP, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BP), dtype=tl.float32)
+    a_rows = a_ptr + offs_m * stride_am
+    if FMT == 3:
+        gscale = tl.load(gs_ptr)
+    else:
+        gscale = 1.0
+    # Scales are too small per row for async copies, so the next tile's scales are prefetched by hand
+    # into registers one iteration ahead; that hides their load latency behind this tile's MMA.
+    # A row bound of 0 masks a prefetch that has no tile to serve (and would read past the scales).
+    n_first = tl.where(r_lo < r_hi, N, 0)
+    if DX:  # B = W: rows are the reduction (N), columns the output (K)
+        s_next = load_scales(s_ptr, r_lo + tl.arange(0, BR), p0, n_first, n_groups, stride_sn, gscale,
+                             FMT, BR, BP, GROUP, K_EVEN)
+    else:  # B = W^T: the tile W[offs_p, r0:r0+BR] is read row-major and transposed in registers
+        s_next = load_scales(s_ptr, offs_p, r_lo, n_first, n_groups, stride_sn, gscale,
+                             FMT, BP, BR, GROUP, K_EVEN)
+    for r0 in range(r_lo, r_hi, BR):
+        offs_r = r0 + tl.arange(0, BR)
+        r_ok = offs_r < R
+        scales = s_next
+        n_next = tl.where(r0 + BR < r_hi, N, 0)
+        if DX:
+            s_next = load_scales(s_ptr, offs_r + BR, p0, n_next, n_groups, stride_sn, gscale,
+                                 FMT, BR, BP, GROUP, K_EVEN)
+            wt = dequant_tile(w_ptr, scales, offs_r, p0, N, K, stride_wn, FMT, BR, BP, GROUP, K_EVEN)
+        else:
+            s_next = load_scales(s_ptr, offs_p, r0 + BR, n_next, n_groups, stride_sn, gscale,
+                                 FMT, BP, BR, GROUP, K_EVEN)
+            wt = dequant_tile(w_ptr, scales, offs_p, r0, N, K, stride_wn, FMT, BP, BR, GROUP, K_EVEN)
+        wt = wt.to(a_ptr.dtype.element_ty)
+        if SWAP:
+            a_t = tl.load(a_rows[None, :] + offs_r[:, None] * stride_ar,
+                          mask=m_ok[None, :] & r_ok[:, None], other=0.0)
+            if DX:
+                acc = tl.dot(tl.trans(wt), a_t, acc, input_precision=PREC)
+            else:
+                acc = tl.dot(wt, a_t, acc, input_precision=PREC)
+        else:
+            a = tl.load(a_rows[:, None] + offs_r[None, :] * stride_ar,
+                        mask=m_ok[:, None] & r_ok[None, :], other=0.0)
+            if DX:
+                acc = tl.dot(a, wt, acc, input_precision=PREC)
+            else:
+                acc = tl.dot(a, tl.trans(wt), acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def tile_ptrs(base, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP: tl.constexpr):
+    """Pointers and mask of an output tile laid out like the accumulator ([BP, BM] when SWAP)."""
+    if SWAP:
+        ptrs = base + offs_p[:, None] * stride_op + offs_m[None, :] * stride_om
+        mask = (offs_p[:, None] < P) & m_ok[None, :]
+    else:
+        ptrs = base + offs_m[:, None] * stride_om + offs_p[None, :] * stride_op
+        mask = m_ok[:, None] & (offs_p[None, :] < P)
+    return ptrs, mask
+
+
+# M is never specialized (Triton would compile M == 1 and M % 16 == 0 separately), so one binary serves
+# every batch size: batch-invariant mode relies on identical code, not just identical tiles.
+@triton.jit(do_not_specialize=["M"])
+def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
+                  M, P, R, N, K, n_groups, r_per_split,
+                  stride_am, stride_ar, stride_wn, stride_sn, stride_om, stride_op,
+                  FMT: tl.constexpr, GROUP: tl.constexpr, DX: tl.constexpr, SWAP: tl.constexpr,
+                  SPLIT_K: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
+                  GROUP_M: tl.constexpr, PREC: tl.constexpr, K_EVEN: tl.constexpr):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_m = tl.cdiv(M, BM)
+    num_p = tl.cdiv(P, BP)
+    # Walk GROUP_M row-tiles per column sweep so concurrently running programs share weight tiles in L2.
+    width = GROUP_M * num_p
+    first_m = (pid // width) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_p = (pid % width) // size_m
+
+    offs_m = pid_m.to(tl.int64) * BM + tl.arange(0, BM)
+    m_ok = offs_m < M
+    offs_p = pid_p * BP + tl.arange(0, BP)
+    # r_per_split is a multiple of BR; saying so lets Triton prove the packed-word and scale addresses
+    # aligned, so their loads become pipelined async copies instead of stalling every iteration.
+    r_lo = tl.multiple_of(split * r_per_split, BR)
+    r_hi = min(r_lo + r_per_split, R)
+    acc = tile_mainloop(a_ptr, stride_am, stride_ar, offs_m, m_ok, w_ptr, s_ptr, gs_ptr, stride_wn, stride_sn,
+                        pid_p * BP, r_lo, r_hi, R, N, K, n_groups, FMT, GROUP, DX, SWAP, BM, BP, BR, PREC,
+                        K_EVEN)
+    if SPLIT_K == 1:
+        ptrs, mask = tile_ptrs(out_ptr, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP)
+        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Partials live in ws [SPLIT_K, M, P] fp32. The barrier makes every thread's partial store
+        # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
+        ws_ptrs, ws_mask = tile_ptrs(ws_ptr + split.to(tl.int64) * M * P, offs_m, offs_p, m_ok, P, P, 1, SWAP)
+        tl.store(ws_ptrs, acc, mask=ws_mask)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:
+            total = tl.zeros(acc.shape, dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):  # fixed order: the sum does not depend on arrival order
+                part_ptrs, part_mask = tile_ptrs(ws_ptr + s * M * P, offs_m, offs_p, m_ok, P, P, 1, SWAP)
+                total += tl.load(part_ptrs, mask=part_mask, other=0.0, cache_modifier=".cg")
+            out_ptrs, out_mask = tile_ptrs(out_ptr, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP)
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(cnt_ptr + pid, 0)  # re-arm the ticket for the next launch
+
+
+_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_TICKETS: dict[tuple[torch.device, int], Tensor] = {}
+
+
+def _tickets(device: torch.device, n: int) -> Tensor:
+    """Zeroed int32 split-K tickets, one buffer per (device, stream); each kernel re-zeroes what it used."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _TICKETS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _TICKETS[key] = buf
+    return buf
+
+
+def check_activation(a: Tensor, w: PackedWeight, dx: bool, what: str) -> None:
+    if a.dtype not in _ACT_DTYPES:
+        raise TypeError(f"{what} must be bf16, fp16 or fp32, got {a.dtype}")
+    if a.device != w.values.device:
+        raise ValueError(f"{what} is on {a.device} but the packed weight is on {w.values.device}")
+    want = w.n if dx else w.k
+    if a.shape[-1] != want:
+        dim = "N" if dx else "K"
+        raise ValueError(
+            f"{what} has last dim {a.shape[-1]} but the {w.fmt.name} weight [N={w.n}, K={w.k}] "
+            f"needs {dim}={want}"
+        )
+
+
+def k_even(w: PackedWeight, cfg: TileConfig, dx: bool) -> bool:
+    """Whether K is a multiple of the tile's K extent (block_p for dX, block_r forward)."""
+    return w.k % (cfg.block_p if dx else cfg.block_r) == 0
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 activations ask for true fp32 products; Triton would otherwise use tf32 tensor cores.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None = None) -> Tensor:
+    """out = a @ W^T (forward) or a @ W (dx=True), W dequantized in-kernel.
+
+    a: [..., K] (forward) or [..., N] (dX), bf16/fp16/fp32; returns [..., N] or [..., K] in a.dtype.
+    """
+    if w.experts is not None:
+        raise ValueError("dense_gemm takes one matrix; use grouped_gemm for stacked experts")
+    check_activation(a, w, dx, "dy" if dx else "x")
+    lead = a.shape[:-1]
+    a2 = a.reshape(-1, a.shape[-1])
+    m, r = a2.shape
+    p = w.k if dx else w.n
+    out = torch.empty((m, p), dtype=a.dtype, device=a.device)
+    if m == 0:
+        return out.reshape(*lead, p)
+    if r == 0:
+        return out.zero_().reshape(*lead, p)
+    cfg = config or pick_config("dx" if dx else "fwd", m, a.device)
+    n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
+    split = auto_split(cfg, n_tiles, r, a.device)
+    r_per_split = triton.cdiv(triton.cdiv(r, split), cfg.block_r) * cfg.block_r
+    split = triton.cdiv(r, r_per_split)  # no empty splits
+    if split > 1:
+        ws = torch.empty((split, m, p), dtype=torch.float32, device=a.device)
+        tickets = _tickets(a.device, n_tiles)
+    else:
+        ws = tickets = out  # unused by the kernel when SPLIT_K == 1
+    gs = w.global_scale if w.global_scale is not None else w.scale
+    _dense_kernel[(n_tiles, split)](
+        a2, w.values, w.scale, gs, out, ws, tickets,
+        m, p, r, w.n, w.k, w.scale.shape[-1], r_per_split,
+        a2.stride(0), a2.stride(1), w.values.stride(0), w.scale.stride(0), out.stride(0), out.stride(1),
+        FMT=w.fmt.code, GROUP=w.group, DX=dx, SWAP=cfg.swap_ab, SPLIT_K=split,
+        BM=cfg.block_m, BP=cfg.block_p, BR=cfg.block_r, GROUP_M=cfg.group_m, PREC=dot_precision(a.dtype),
+        K_EVEN=k_even(w, cfg, dx),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out.reshape(*lead, p)

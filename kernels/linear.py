@@ -1,0 +1,79 @@
+"""Public entry points: plain torch functions (no autograd; the quant module wraps them).
+
+Weights are mappings of tensor name -> tensor in the layouts of `formats.py`. `fmt` is a format name
+of the quant registry ("int4", "int4-g128", "fp8", "mxfp4", "nvfp4") or a QuantFormat object;
+`fmt_kw` carries the format's options (only int4 has one: group_size, default 32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .configs import TileConfig
+from .formats import resolve
+from .gemm import _dense_kernel, dense_gemm
+from .grouped import grouped_gemm
+
+if TYPE_CHECKING:  # the quant package imports these kernels, not the other way round
+    from orbit_lightning.quant.formats import QuantFormat
+
+# Kernels decorated while TRITON_INTERPRET=1 was set run on the CPU through Triton's interpreter.
+_INTERPRETED = type(_dense_kernel).__name__ == "InterpretedFunction"
+
+
+def kernels_available(device: torch.device | str) -> bool:
+    """True when these kernels can run on `device`: a CUDA GPU of compute capability >= 8.0 (bf16
+    tensor cores), or the CPU when Triton's interpreter was enabled before this package was imported."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cpu" and _INTERPRETED
+
+
+def dequant_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,
+                   config: TileConfig | None = None, **fmt_kw) -> Tensor:
+    """y = x @ W^T with W [N, K] decoded in-kernel. x: [..., K] bf16/fp16/fp32 -> y [..., N] in x.dtype."""
+    return dense_gemm(x, resolve(fmt, packed, stacked=False, **fmt_kw), dx=False, config=config)
+
+
+def dequant_linear_dx(dy: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,
+                      config: TileConfig | None = None, **fmt_kw) -> Tensor:
+    """dx = dy @ W (gradient w.r.t. the input only). dy: [..., N] -> dx [..., K] in dy.dtype."""
+    return dense_gemm(dy, resolve(fmt, packed, stacked=False, **fmt_kw), dx=True, config=config)
+
+
+def int4_linear(x: Tensor, packed: Mapping[str, Tensor], group_size: int = 32, *,
+                config: TileConfig | None = None) -> Tensor:
+    """dequant_linear for the int4 pack-quantized format. x: [..., K] -> [..., N]."""
+    return dequant_linear(x, "int4", packed, config=config, group_size=group_size)
+
+
+def int4_linear_dx(dy: Tensor, packed: Mapping[str, Tensor], group_size: int = 32, *,
+                   config: TileConfig | None = None) -> Tensor:
+    """dequant_linear_dx for the int4 pack-quantized format. dy: [..., N] -> [..., K]."""
+    return dequant_linear_dx(dy, "int4", packed, config=config, group_size=group_size)
+
+
+def grouped_dequant_linear(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,
+                           packed: Mapping[str, Tensor], *, config: TileConfig | None = None,
+                           **fmt_kw) -> Tensor:
+    """MoE forward over active experts: y[rows_e] = x_sorted[rows_e] @ W_e^T.
+
+    x_sorted: [T, K] rows sorted by expert; expert_offsets: int [E+1], rows of expert e are
+    expert_offsets[e]:expert_offsets[e+1] (offsets[0] = 0, offsets[E] = T); packed: stacked [E, ...]
+    tensors. Returns [T, N] in x_sorted.dtype.
+    """
+    w = resolve(fmt, packed, stacked=True, **fmt_kw)
+    return grouped_gemm(x_sorted, expert_offsets, w, dx=False, config=config)
+
+
+def grouped_dequant_linear_dx(dy_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,
+                              packed: Mapping[str, Tensor], *, config: TileConfig | None = None,
+                              **fmt_kw) -> Tensor:
+    """MoE dX over active experts: dx[rows_e] = dy_sorted[rows_e] @ W_e. dy_sorted: [T, N] -> [T, K]."""
+    w = resolve(fmt, packed, stacked=True, **fmt_kw)
+    return grouped_gemm(dy_sorted, expert_offsets, w, dx=True, config=config)

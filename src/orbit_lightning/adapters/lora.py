@@ -1,0 +1,99 @@
+"""LoRA computed beside the frozen (possibly packed) base, never merged: y = base(x) + s · B(A(dropout(x)))."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..models.moe import Experts, dispatch_experts
+from ..quant.grouped import grouped_mm
+from .slots import AdapterLayer, AdapterState
+
+
+def lora_scale(r: int, alpha: float, rslora: bool) -> float:
+    return alpha / math.sqrt(r) if rslora else alpha / r  # rsLoRA (arXiv:2312.03732) keeps updates rank-stable
+
+
+def base_dtype(module: nn.Module) -> torch.dtype:
+    dtype = getattr(module, "compute_dtype", None)
+    if dtype is not None:
+        return dtype
+    for t in module.parameters():
+        if t.is_floating_point():
+            return t.dtype
+    return torch.bfloat16
+
+
+def base_device(module: nn.Module) -> torch.device:
+    return next(iter(module.state_dict().values())).device
+
+
+class LoraLinear(AdapterLayer):
+    PARAMS = ("lora_A", "lora_B")
+
+    def __init__(self, base_layer: nn.Module, state: AdapterState, r: int, alpha: float, rslora: bool = False,
+                 dropout: float = 0.0, dtype: torch.dtype | None = None):
+        super().__init__(base_layer, state)
+        k, n = base_layer.in_features, base_layer.out_features
+        dtype, device = dtype or base_dtype(base_layer), base_device(base_layer)
+        self.lora_A = nn.Parameter(torch.empty(r, k, dtype=dtype, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(n, r, dtype=dtype, device=device))  # zero: starts as the base
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # PEFT's default init
+        self.r, self.alpha, self.scaling = r, alpha, lora_scale(r, alpha, rslora)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.in_features, self.out_features = k, n
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.base_layer(x)
+        t = self.active_tensors()
+        if t is None:
+            return y
+        a, b = t["lora_A"], t["lora_B"]
+        delta = F.linear(F.linear(self.dropout(x).to(a.dtype), a), b)
+        return y + (delta * self.scaling).to(y.dtype)
+
+
+class LoraExperts(AdapterLayer):
+    """Per-expert LoRA on routed experts: A [E, r, K], B [E, N, r] per projection, applied per chunk."""
+
+    def __init__(self, base_layer: Experts, state: AdapterState, r: int, alpha: float, rslora: bool = False,
+                 projections: tuple[str, ...] = Experts.PROJECTIONS, dtype: torch.dtype | None = None):
+        super().__init__(base_layer, state)
+        self.PARAMS = tuple(f"{p}_lora_{ab}" for p in projections for ab in "AB")
+        self.projections = projections
+        dtype, device = dtype or base_dtype(base_layer), base_device(base_layer)
+        e = base_layer.num_experts
+        for proj in projections:
+            n, k = _expert_shape(base_layer, proj)
+            a = torch.empty(e, r, k, dtype=dtype, device=device)
+            for i in range(e):
+                nn.init.kaiming_uniform_(a[i], a=math.sqrt(5))
+            setattr(self, f"{proj}_lora_A", nn.Parameter(a))
+            setattr(self, f"{proj}_lora_B", nn.Parameter(torch.zeros(e, n, r, dtype=dtype, device=device)))
+        self.r, self.alpha, self.scaling = r, alpha, lora_scale(r, alpha, rslora)
+        self.num_experts = e
+
+    @property
+    def chunk(self) -> int:
+        return self.base_layer.chunk
+
+    def linear(self, proj: str, x: Tensor, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
+        y = self.base_layer.linear(proj, x, expert_ids, group_sizes)
+        t = self.active_tensors()
+        if t is None or proj not in self.projections:
+            return y
+        a, b = t[f"{proj}_lora_A"][expert_ids], t[f"{proj}_lora_B"][expert_ids]
+        delta = grouped_mm(grouped_mm(x.to(a.dtype), a, group_sizes), b, group_sizes)
+        return y + (delta * self.scaling).to(y.dtype)
+
+    def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
+        return dispatch_experts(x, topk_ids, topk_w, self.num_experts, self.chunk, self.linear)
+
+
+def _expert_shape(experts: nn.Module, proj: str) -> tuple[int, int]:
+    if hasattr(experts, "proj_shape"):
+        return experts.proj_shape(proj)[1:]
+    return tuple(getattr(experts, proj).shape[1:])

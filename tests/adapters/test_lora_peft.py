@@ -1,0 +1,137 @@
+"""Our LoRA on our (dense or packed) base vs `peft.PeftModel` on the transformers model with the same weights."""
+
+import peft
+import pytest
+import torch
+
+from orbit_lightning import add_adapter, export_hf_state_dict, load_adapter, load_model, save_adapter
+from tests.hf_models import hf_from_export, make_hf_model, padded_batch, save_hf_model
+
+TOL = 1e-4  # fp32 end to end
+
+
+def _randomize_adapter(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def _hf_with_our_base(ours, src, tmp_path):
+    """transformers' model loaded from our exported (dequantized) base: PEFT's oracle."""
+    return hf_from_export(export_hf_state_dict(ours, dtype=torch.float32), src, tmp_path / "exported")
+
+
+# DeepSeek's dense first layers and shared experts also carry `gate_proj`/`up_proj`/`down_proj`; PEFT 0.21 maps
+# those names to the fused routed experts only (transformers v4->v5 conversion), so MLP targets on DeepSeek are
+# compared in our own tests (test_adapters_train.py), not against PEFT.
+CASES = [
+    ("qwen3-gqa2", None, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    ("qwen3_moe-top2", None, ["q_proj", "v_proj", "o_proj"]),
+    ("deepseek_v3-qlora", None, ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]),
+    ("qwen3-gqa2", "int4", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    ("qwen3_moe-top2", "int4", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ("qwen3-odd-heads-tied", "int4-g64", "all-linear"),
+    ("deepseek_v3-no-qlora-yarn", "int4", ["q_proj", "kv_a_proj_with_mqa", "o_proj"]),
+    ("deepseek_v3-qlora", "fp8", ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]),
+    ("qwen3_moe-top2", "nvfp4", ["q_proj", "k_proj"]),
+    ("qwen3-gqa2", "mxfp4", ["q_proj", "down_proj"]),
+]
+
+
+@pytest.mark.parametrize("name,quant,targets", CASES)
+@pytest.mark.parametrize("rslora", [False, True])
+def test_saved_adapter_matches_peft(name, quant, targets, rslora, tmp_path):
+    src = save_hf_model(make_hf_model(name), tmp_path / "base")
+    ours = load_model(src, quant=quant, dtype=torch.float32)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, use_rslora=rslora)
+    add_adapter(ours, cfg)
+    _randomize_adapter(ours)
+    save_adapter(ours, tmp_path / "adapter")
+
+    hf = _hf_with_our_base(ours, src, tmp_path)
+    ref_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    ids, mask, pos = padded_batch(hf.config.vocab_size, [9, 5, 7], seed=4)
+    with torch.no_grad():
+        ref = ref_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        got = ours(ids, attention_mask=mask)
+    real = mask.bool()
+    assert (got[real] - ref[real]).abs().max().item() <= TOL
+    # The adapter changes the output, so the comparison above is not vacuous.
+    with torch.no_grad(), ours.disable_adapter():
+        assert (ours(ids, attention_mask=mask)[real] - got[real]).abs().max().item() > 1e-3
+
+
+EXPERT_CASES = [
+    ("qwen3_moe-top2", None),
+    ("qwen3_moe-top2", "int4"),
+    ("qwen3_moe-top2", "fp8"),
+    ("qwen3_moe-top2", "mxfp4"),
+]
+
+
+@pytest.mark.parametrize("name,quant", EXPERT_CASES)
+def test_routed_expert_lora_loads_in_peft(name, quant, tmp_path):
+    """Expert LoRA saved per expert (transformers-v4 names); PEFT 0.21 converts it to v5 fused experts on load."""
+    src = save_hf_model(make_hf_model(name), tmp_path / "base")
+    ours = load_model(src, quant=quant, dtype=torch.float32)
+    add_adapter(ours, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "gate_proj",
+                                                                         "up_proj", "down_proj"]))
+    assert any(type(m).__name__ == "LoraExperts" for m in ours.modules())
+    _randomize_adapter(ours, seed=5)
+    save_adapter(ours, tmp_path / "adapter")
+    hf = _hf_with_our_base(ours, src, tmp_path)
+    ref_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    ids, mask, pos = padded_batch(hf.config.vocab_size, [9, 5, 7], seed=4)
+    with torch.no_grad():
+        ref = ref_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        got = ours(ids, attention_mask=mask)
+    real = mask.bool()
+    assert (got[real] - ref[real]).abs().max().item() <= TOL
+
+
+def test_disable_adapter_equals_adapter_free_model_exactly(tmp_path):
+    src = save_hf_model(make_hf_model("qwen3_moe-top2"), tmp_path / "base")
+    plain = load_model(src, quant="int4", dtype=torch.float32)
+    with_adapter = load_model(src, quant="int4", dtype=torch.float32)
+    add_adapter(with_adapter, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    _randomize_adapter(with_adapter)
+    ids = torch.randint(0, 97, (2, 8))
+    with torch.no_grad(), with_adapter.disable_adapter():
+        assert torch.equal(with_adapter(ids), plain(ids))
+
+
+def test_load_adapter_roundtrip_into_fresh_model(tmp_path):
+    src = save_hf_model(make_hf_model("qwen3-gqa2"), tmp_path / "base")
+    a = load_model(src, quant="int4", dtype=torch.float32)
+    add_adapter(a, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"]))
+    _randomize_adapter(a, seed=3)
+    save_adapter(a, tmp_path / "ad")
+    b = load_adapter(load_model(src, quant="int4", dtype=torch.float32), tmp_path / "ad")
+    ids = torch.randint(0, 97, (2, 6))
+    with torch.no_grad():
+        assert torch.equal(a(ids), b(ids))
+
+
+def test_adapter_for_another_model_is_rejected(tmp_path):
+    a = load_model(save_hf_model(make_hf_model("qwen3-gqa2"), tmp_path / "a"), dtype=torch.float32)
+    add_adapter(a, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    save_adapter(a, tmp_path / "ad")
+    other = load_model(save_hf_model(make_hf_model("qwen3-gqa2", hidden_size=32), tmp_path / "b"),
+                       dtype=torch.float32)
+    with pytest.raises(ValueError, match="shape .* but this model's adapter needs"):
+        load_adapter(other, tmp_path / "ad")
+    moe = load_model(save_hf_model(make_hf_model("deepseek_v3-qlora"), tmp_path / "c"), dtype=torch.float32)
+    with pytest.raises(ValueError, match="matches no module of this model"):
+        load_adapter(moe, tmp_path / "ad")
+
+
+def test_bad_adapter_configs(tmp_path):
+    m = load_model("tiny-qwen3")
+    with pytest.raises(ValueError, match="matches no module.*targetable names"):
+        add_adapter(m, peft.LoraConfig(r=2, target_modules=["qkv"]))
+    with pytest.raises(ValueError, match="rank"):
+        add_adapter(load_model("tiny-qwen3"), peft.LoraConfig(r=0, target_modules=["q_proj"]))
+    with pytest.raises(FileNotFoundError, match="not a PEFT adapter directory"):
+        load_adapter(load_model("tiny-qwen3"), tmp_path)
