@@ -20,7 +20,7 @@ CONFIGS: dict[str, dict] = {
     "qwen3_moe-top3-sparse-step": dict(family="qwen3_moe", num_experts=6, num_experts_per_tok=3,
                                        norm_topk_prob=False, num_hidden_layers=3, decoder_sparse_step=2,
                                        mlp_only_layers=[2], tie_word_embeddings=True),
-    "deepseek_v3-qlora": dict(family="deepseek_v3", q_lora_rank=32, first_k_dense_replace=1),
+    "deepseek_v3-qlora": dict(family="deepseek_v3", q_lora_rank=64, first_k_dense_replace=1),
     "deepseek_v3-no-qlora-yarn": dict(family="deepseek_v3", q_lora_rank=None, first_k_dense_replace=0,
                                       n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=3,
                                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
@@ -41,12 +41,12 @@ def hf_config(family: str, **kw) -> transformers.PretrainedConfig:
         return transformers.Qwen3Config(**{**common, **base, **kw})
     if family == "qwen3_moe":
         base = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-                    moe_intermediate_size=32)
+                    moe_intermediate_size=64)
         return transformers.Qwen3MoeConfig(**{**common, **base, **kw})
     if family == "deepseek_v3":
         base = dict(num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2,
-                    moe_intermediate_size=32, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
-                    q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    moe_intermediate_size=64, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                    q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                     routed_scaling_factor=2.5, norm_topk_prob=True)
         return transformers.DeepseekV3Config(**{**common, **base, **kw})
     raise ValueError(family)

@@ -1,0 +1,25 @@
+"""Reference computations for the kernel tests: float64 dequantization and rounding-error bounds."""
+
+import torch
+
+from orbit_lightning.quant.formats import get_format
+
+
+def random_weight(fmt: str, shape: tuple[int, ...], seed: int = 0, device="cpu"):
+    """(packed tensors, float64 dequantized oracle [..., N, K]) for a random weight in format `fmt`."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    f = get_format(fmt)
+    packed = f.random_packed(shape, device=device, generator=gen)
+    return packed, f.dequantize(packed, torch.float64)
+
+
+def matmul_bound(a: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, rel: float) -> torch.Tensor:
+    """Elementwise error bound rel * (|a| @ |w|^T + |ref|): a rounding of every product term (the weight
+    cast to the dot dtype, accumulation) and of the output, each at relative precision `rel`."""
+    return rel * (a.abs().double() @ w.abs().transpose(-1, -2) + ref.abs())
+
+
+def assert_within(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> None:
+    err = (out.double() - ref).abs()
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"max error {err.max().item():.3e} exceeds its bound by {worst:.3e}"
