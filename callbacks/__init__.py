@@ -1,0 +1,8 @@
+"""Lightning callbacks of orbit-lightning (installed as `orbit_lightning.callbacks`)."""
+
+from .adapter_push import AdapterPush
+from .evaluation import EvalCallback
+from .failsafe import FailSafe
+from .memory import MemoryTracker
+
+__all__ = ["AdapterPush", "EvalCallback", "FailSafe", "MemoryTracker"]

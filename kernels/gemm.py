@@ -94,12 +94,12 @@ def tile_ptrs(base, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP: tl.cons
 
 # M is never specialized (Triton would compile M == 1 and M % 16 == 0 separately), so one binary serves
 # every batch size: batch-invariant mode relies on identical code, not just identical tiles.
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "n_splits"])
 def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
-                  M, P, R, N, K, n_groups, r_per_split,
+                  M, P, R, N, K, n_groups, r_per_split, n_splits,
                   stride_am, stride_ar, stride_wn, stride_sn, stride_om, stride_op,
                   FMT: tl.constexpr, GROUP: tl.constexpr, DX: tl.constexpr, SWAP: tl.constexpr,
-                  SPLIT_K: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
+                  SPLIT: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
                   GROUP_M: tl.constexpr, PREC: tl.constexpr, K_EVEN: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -122,21 +122,22 @@ def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
     acc = tile_mainloop(a_ptr, stride_am, stride_ar, offs_m, m_ok, w_ptr, s_ptr, gs_ptr, stride_wn, stride_sn,
                         pid_p * BP, r_lo, r_hi, R, N, K, n_groups, FMT, GROUP, DX, SWAP, BM, BP, BR, PREC,
                         K_EVEN)
-    if SPLIT_K == 1:
+    if not SPLIT:
         ptrs, mask = tile_ptrs(out_ptr, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP)
         tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        # Partials live in ws [SPLIT_K, M, P] fp32. The barrier makes every thread's partial store
+        # Partials live in ws [n_splits, M, P] fp32. The barrier makes every thread's partial store
         # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
         ws_ptrs, ws_mask = tile_ptrs(ws_ptr + split.to(tl.int64) * M * P, offs_m, offs_p, m_ok, P, P, 1, SWAP)
         tl.store(ws_ptrs, acc, mask=ws_mask)
         tl.debug_barrier()
         ticket = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
-        if ticket == SPLIT_K - 1:
+        if ticket == n_splits - 1:
             total = tl.zeros(acc.shape, dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):  # fixed order: the sum does not depend on arrival order
-                part_ptrs, part_mask = tile_ptrs(ws_ptr + s * M * P, offs_m, offs_p, m_ok, P, P, 1, SWAP)
+            part_ptrs, part_mask = tile_ptrs(ws_ptr, offs_m, offs_p, m_ok, P, P, 1, SWAP)
+            for _ in range(n_splits):  # fixed order: the sum does not depend on arrival order
                 total += tl.load(part_ptrs, mask=part_mask, other=0.0, cache_modifier=".cg")
+                part_ptrs += M * P
             out_ptrs, out_mask = tile_ptrs(out_ptr, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP)
             tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(cnt_ptr + pid, 0)  # re-arm the ticket for the next launch
@@ -207,13 +208,13 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         ws = torch.empty((split, m, p), dtype=torch.float32, device=a.device)
         tickets = _tickets(a.device, n_tiles)
     else:
-        ws = tickets = out  # unused by the kernel when SPLIT_K == 1
+        ws = tickets = out  # unused by the kernel without a split
     gs = w.global_scale if w.global_scale is not None else w.scale
     _dense_kernel[(n_tiles, split)](
         a2, w.values, w.scale, gs, out, ws, tickets,
-        m, p, r, w.n, w.k, w.scale.shape[-1], r_per_split,
+        m, p, r, w.n, w.k, w.scale.shape[-1], r_per_split, split,
         a2.stride(0), a2.stride(1), w.values.stride(0), w.scale.stride(0), out.stride(0), out.stride(1),
-        FMT=w.fmt.code, GROUP=w.group, DX=dx, SWAP=cfg.swap_ab, SPLIT_K=split,
+        FMT=w.fmt.code, GROUP=w.group, DX=dx, SWAP=cfg.swap_ab, SPLIT=split > 1,
         BM=cfg.block_m, BP=cfg.block_p, BR=cfg.block_r, GROUP_M=cfg.group_m, PREC=dot_precision(a.dtype),
         K_EVEN=k_even(w, cfg, dx),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -1,7 +1,9 @@
 """Adapters on disk in PEFT format: `adapter_config.json` + `adapter_model.safetensors` with PEFT key names.
 
 Key mapping (no adapter name in saved keys, as PEFT writes them):
-  ours  `model.layers.0.self_attn.q_proj.lora_A`  <->  PEFT `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`
+  ours `model.layers.0.self_attn.q_proj.lora_A`
+  PEFT `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`
+  (every adapter tensor is a PEFT submodule's `.weight`: `lora_A`, `lora_B`, OFT's `oft_R`)
 Routed-expert LoRA (A [E, r, K], B [E, N, r] per projection) is written one expert at a time under the
 transformers-v4 names `...mlp.experts.{e}.{gate,up,down}_proj.lora_{A,B}.weight`: the layout PEFT 0.21 converts
 on load into transformers-v5 fused experts (`target_parameters`), and the per-expert factors vLLM's MoE LoRA reads.
@@ -39,10 +41,8 @@ def to_peft_tensors(model: nn.Module, slot: str = TRAIN_SLOT) -> dict[str, Tenso
             if m:  # [E, ...] -> one PEFT key per expert, as transformers-v4 MoE layouts name them
                 for e in range(t.shape[0]):
                     out[f"{PREFIX}{path}.{e}.{m.group(1)}.{m.group(2)}.weight"] = t[e]
-            elif name in ("lora_A", "lora_B"):
+            else:  # every adapter tensor is a PEFT submodule's `.weight` (lora_A/lora_B, OFT's oft_R)
                 out[f"{PREFIX}{path}.{name}.weight"] = t
-            else:  # OFT and other adapters name their tensors as PEFT does
-                out[f"{PREFIX}{path}.{name}"] = t
     return out
 
 
@@ -56,7 +56,7 @@ def from_peft_tensors(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         m = _PEFT_EXPERT_KEY.match(key)
         if m:
             experts[f"{m.group(1)}.{m.group(3)}_{m.group(4)}"][int(m.group(2))] = t
-        elif key.endswith((".lora_A.weight", ".lora_B.weight")):
+        elif key.endswith(".weight"):
             out[key[: -len(".weight")]] = t
         else:
             out[key] = t
@@ -102,7 +102,8 @@ def read_adapter(directory: str | Path) -> tuple[dict, dict[str, Tensor]]:
     directory = Path(directory)
     cfg_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if not cfg_file.is_file() or not weights.is_file():
-        raise FileNotFoundError(f"{directory} is not a PEFT adapter directory (needs {CONFIG_NAME} and {WEIGHTS_NAME})")
+        raise FileNotFoundError(f"{directory} is not a PEFT adapter directory "
+                                f"(needs {CONFIG_NAME} and {WEIGHTS_NAME})")
     try:
         tensors = load_file(weights)
     except SafetensorError as e:

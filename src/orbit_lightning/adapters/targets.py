@@ -38,7 +38,9 @@ def find_targets(model: nn.Module, target_modules, exclude_modules=None) -> list
     if target_modules is None:
         raise ValueError("the adapter config has no target_modules; name modules (e.g. ['q_proj', 'v_proj']), "
                          "'all-linear', or 'experts' for routed experts")
-    if isinstance(target_modules, (list, set, tuple)) and "all-linear" in target_modules or target_modules == "all-linear":
+    all_linear = target_modules == "all-linear" or (
+        isinstance(target_modules, (list, set, tuple)) and "all-linear" in target_modules)
+    if all_linear:
         chosen = [(n, m) for n, m in model.named_modules() if is_linear(m) and not n.endswith("lm_head")]
     else:
         tm = target_modules if isinstance(target_modules, str) else set(target_modules)

@@ -68,6 +68,8 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     model.requires_grad_(fmt_name is None)
 
+    if device.type == "meta":
+        return model  # shapes only (memory planning)
     if is_preset:
         _random_init(model, seed)
     else:
@@ -194,8 +196,7 @@ def load_tensor(module: nn.Module, local: str, tensor: Tensor, expert: int | Non
 
 @torch.no_grad()
 def _random_init(model: CausalLM, seed: int) -> None:
-    g = torch.Generator(device=model.lm_head.weight.device if hasattr(model.lm_head, "weight") else "cpu")
-    g.manual_seed(seed)
+    g = torch.Generator(device=next(iter(model.state_dict().values())).device).manual_seed(seed)
     for module in model.modules():
         if hasattr(module, "random_init"):
             module.random_init(g)

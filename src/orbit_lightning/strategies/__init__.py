@@ -1,0 +1,3 @@
+from .placement import ColocatedRLStrategy, DedicatedRolloutStrategy
+
+__all__ = ["ColocatedRLStrategy", "DedicatedRolloutStrategy"]

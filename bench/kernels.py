@@ -1,0 +1,269 @@
+"""Kernel benchmark on the GPU machine: fused low-precision GEMMs vs torch bf16 in the same run.
+
+    python bench/kernels.py [--sections dense,moe,formats,sweep] [--budget SECONDS]
+
+Times are triton.testing.do_bench medians (L2 flushed before every call) in microseconds. Ratios are
+bf16 time / kernel time, so > 1 means the kernel is faster. Weights are random and generated directly
+in their packed form (never a bf16 copy); activations are random bf16. Layer shapes are those of
+Qwen3-8B, Qwen3-30B-A3B, Qwen3-235B-A22B and DeepSeek-V3. Targets (issue 6): training (M >= 4096)
+int4-g32 fwd+dX >= 0.9x bf16; decode (M <= 16) int4 >= 2.5x faster; MoE int4 fwd+dX >= 0.8x
+torch._grouped_mm. With $OUT set, the log and a JSON of every row are written there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from orbit_lightning import kernels
+from orbit_lightning.quant.formats import get_format
+
+M_SIZES = (1, 16, 64, 256, 4096, 16384)
+DENSE = {  # model -> [(layer, N, K)]
+    "Qwen3-8B": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288)],
+    "Qwen3-30B-A3B": [("qkv", 5120, 2048), ("o", 2048, 4096)],
+    "Qwen3-235B-A22B": [("qkv", 9216, 4096), ("o", 4096, 8192)],
+    "DeepSeek-V3": [("q_b", 24576, 1536), ("o", 7168, 16384), ("mlp.gate_up", 36864, 7168),
+                    ("mlp.down", 7168, 18432)],
+}
+MOE = {  # model -> (experts, top_k, hidden, moe_intermediate, token counts)
+    "Qwen3-30B-A3B": (128, 8, 2048, 768, (64, 8192, 16384, 32768)),
+    "Qwen3-235B-A22B": (128, 8, 4096, 1536, (16384,)),
+    "DeepSeek-V3": (256, 8, 7168, 2048, (16384,)),
+}
+GROUPED_MM = getattr(torch, "_grouped_mm", None) or getattr(F, "grouped_mm", None)
+HBM_TBS = 4.8  # H200 HBM3e peak, for the decode roofline column
+
+
+class Report:
+    """Prints rows as they are measured and keeps them for the JSON dump."""
+
+    def __init__(self, budget_s: float):
+        self.rows: list[dict] = []
+        self.deadline = time.time() + budget_s
+        out = os.environ.get("OUT")
+        self.out_dir = out if out else None
+        self.log = open(os.path.join(out, "kernels_bench.log"), "w") if out else None
+
+    def out_of_time(self) -> bool:
+        return time.time() > self.deadline
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        if self.log:
+            self.log.write(line + "\n")
+            self.log.flush()
+
+    def add(self, row: dict, line: str) -> None:
+        self.rows.append(row)
+        self.say(line)
+
+    def dump(self) -> None:
+        if self.out_dir:
+            with open(os.path.join(self.out_dir, "kernels_bench.json"), "w") as f:
+                json.dump(self.rows, f, indent=1)
+
+
+def us(fn, *args, **kwargs) -> float:
+    """Median time of fn(*args, **kwargs) in microseconds."""
+    return do_bench(partial(fn, *args, **kwargs), return_mode="median") * 1e3
+
+
+def invariant(fn, *args, **kwargs):
+    with kernels.batch_invariant():
+        return fn(*args, **kwargs)
+
+
+def randn(*shape, scale=1.0) -> torch.Tensor:
+    return (torch.randn(*shape, device="cuda") * scale).bfloat16()
+
+
+def packed_bytes(packed: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in packed.values())
+
+
+def bench_dense(rep: Report) -> None:
+    rep.say("\n== dense int4-g32 vs bf16 F.linear (fwd) and dy @ W (dX); us; ratio = bf16 / int4 ==")
+    rep.say(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6} | {'bf16 fwd':>9} {'int4 fwd':>9} "
+            f"{'x':>5} {'TB/s':>5} | {'bf16 dX':>9} {'int4 dX':>9} {'fwd+dX x':>8} | {'inv fwd':>9} "
+            f"{'inv cost':>8}")
+    fmt = get_format("int4")
+    for model, layers in DENSE.items():
+        for layer, n, k in layers:
+            w = randn(n, k, scale=0.02)
+            packed = fmt.random_packed((n, k), device="cuda")
+            for m in M_SIZES:
+                if rep.out_of_time():
+                    return
+                x, dy = randn(m, k), randn(m, n)
+                t = {"bf16_fwd": us(F.linear, x, w), "int4_fwd": us(kernels.int4_linear, x, packed),
+                     "bf16_dx": us(torch.matmul, dy, w), "int4_dx": us(kernels.int4_linear_dx, dy, packed),
+                     "inv_fwd": us(invariant, kernels.int4_linear, x, packed)}
+                moved = packed_bytes(packed) + 2 * m * (n + k)
+                tbs = moved / t["int4_fwd"] / 1e6
+                both = (t["bf16_fwd"] + t["bf16_dx"]) / (t["int4_fwd"] + t["int4_dx"])
+                rep.add(dict(section="dense", model=model, layer=layer, n=n, k=k, m=m, **t, tbs=tbs),
+                        f"{model:16} {layer:12} {n:6} {k:6} {m:6} | {t['bf16_fwd']:9.1f} "
+                        f"{t['int4_fwd']:9.1f} {t['bf16_fwd'] / t['int4_fwd']:5.2f} {tbs:5.2f} | "
+                        f"{t['bf16_dx']:9.1f} {t['int4_dx']:9.1f} {both:8.2f} | {t['inv_fwd']:9.1f} "
+                        f"{t['inv_fwd'] / t['int4_fwd']:8.2f}")
+            torch.cuda.empty_cache()
+
+
+def _grouped_mm_dx_us(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> float:
+    """Time of the faster valid torch grouped GEMM for dy @ W_e: W as stored [E, N, K], or K-major."""
+    times = []
+    for layout in (w, w.transpose(1, 2).contiguous().transpose(1, 2)):
+        try:
+            times.append(us(GROUPED_MM, dy, layout, offs=offs))
+        except RuntimeError:  # a layout this torch version does not take
+            continue
+    return min(times)
+
+
+def bench_moe(rep: Report) -> None:
+    rep.say("\n== MoE grouped int4-g32 vs bf16 torch grouped_mm (fwd: x @ W_e^T, dX: dy @ W_e); us ==")
+    if GROUPED_MM is None:
+        rep.say("torch has no _grouped_mm / grouped_mm: skipped")
+        return
+    rep.say(f"{'model':16} {'proj':8} {'E':>4} {'N':>5} {'K':>5} {'tokens':>6} | {'gmm fwd':>9} "
+            f"{'int4 fwd':>9} {'x':>5} | {'gmm dX':>9} {'int4 dX':>9} {'fwd+dX x':>8}")
+    fmt = get_format("int4")
+    for model, (experts, top_k, hidden, inter, token_counts) in MOE.items():
+        for proj, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
+            if rep.out_of_time():
+                return
+            w = randn(experts, n, k, scale=0.02)
+            packed = fmt.random_packed((experts, n, k), device="cuda")
+            for tokens in token_counts:
+                if rep.out_of_time():
+                    return
+                rows = tokens * top_k
+                # Uniform routing: only the per-expert row counts matter to a grouped GEMM.
+                counts = torch.bincount(torch.randint(experts, (rows,), device="cuda"), minlength=experts)
+                ends = counts.cumsum(0).to(torch.int32)
+                offsets = torch.cat([ends.new_zeros(1), ends])
+                x, dy = randn(rows, k), randn(rows, n)
+                t = {"gmm_fwd": us(GROUPED_MM, x, w.transpose(1, 2), offs=ends),
+                     "int4_fwd": us(kernels.grouped_dequant_linear, x, offsets, "int4", packed),
+                     "gmm_dx": _grouped_mm_dx_us(dy, w, ends),
+                     "int4_dx": us(kernels.grouped_dequant_linear_dx, dy, offsets, "int4", packed)}
+                both = (t["gmm_fwd"] + t["gmm_dx"]) / (t["int4_fwd"] + t["int4_dx"])
+                row = dict(section="moe", model=model, proj=proj, experts=experts, n=n, k=k, tokens=tokens)
+                rep.add(row | t,
+                        f"{model:16} {proj:8} {experts:4} {n:5} {k:5} {tokens:6} | {t['gmm_fwd']:9.1f} "
+                        f"{t['int4_fwd']:9.1f} {t['gmm_fwd'] / t['int4_fwd']:5.2f} | {t['gmm_dx']:9.1f} "
+                        f"{t['int4_dx']:9.1f} {both:8.2f}")
+            torch.cuda.empty_cache()
+
+
+def bench_formats(rep: Report) -> None:
+    n, k = 24576, 4096  # Qwen3-8B gate_up
+    rep.say(f"\n== other formats, fwd (and dX at M=4096), N={n} K={k}; ratio = bf16 / kernel ==")
+    w = randn(n, k, scale=0.02)
+    for name in ("int4-g128", "fp8", "mxfp4", "nvfp4"):
+        packed = get_format(name).random_packed((n, k), device="cuda")
+        for m in (1, 16, 4096):
+            if rep.out_of_time():
+                return
+            x, dy = randn(m, k), randn(m, n)
+            t = {"bf16_fwd": us(F.linear, x, w), "fwd": us(kernels.dequant_linear, x, name, packed)}
+            line = f"{name:10} M={m:5} | bf16 {t['bf16_fwd']:9.1f} kernel {t['fwd']:9.1f} x "
+            line += f"{t['bf16_fwd'] / t['fwd']:5.2f}"
+            if m == 4096:
+                t["bf16_dx"] = us(torch.matmul, dy, w)
+                t["dx"] = us(kernels.dequant_linear_dx, dy, name, packed)
+                line += f" | dX bf16 {t['bf16_dx']:9.1f} int {t['dx']:9.1f} x {t['bf16_dx'] / t['dx']:5.2f}"
+            rep.add(dict(section="formats", fmt=name, n=n, k=k, m=m, **t), line)
+
+
+def _sweep_candidates(m: int) -> list[kernels.TileConfig]:
+    T = kernels.TileConfig
+    if m <= 64:
+        bm = 16 if m <= 16 else 64
+        return [T(bm, 64, 256, 4, 4, True, 0), T(bm, 64, 128, 4, 4, True, 0), T(bm, 128, 128, 4, 4, True, 0),
+                T(bm, 128, 256, 8, 3, True, 0), T(bm, 64, 128, 4, 6, True, 0), T(bm, 64, 128, 4, 4, False, 0),
+                T(bm, 64, 128, 4, 4, True, 1)]
+    if m <= 256:
+        return [T(64, 128, 64, 4, 4, True), T(128, 128, 64, 8, 3, True), T(64, 64, 128, 4, 4, True),
+                T(64, 128, 64, 4, 4, False), T(32, 128, 128, 4, 4, True)]
+    return [T(128, 128, 64, 8, 3, True), T(128, 128, 64, 8, 3, False), T(128, 256, 64, 8, 3, False),
+            T(128, 256, 64, 8, 3, True), T(128, 128, 64, 4, 4, True), T(256, 128, 64, 8, 3, True),
+            T(128, 128, 128, 8, 3, True), T(64, 256, 64, 8, 3, True)]
+
+
+def bench_sweep(rep: Report) -> None:
+    rep.say("\n== tile sweep, int4-g32 (cfg = BM BP BR warps stages swap split) ==")
+    fmt = get_format("int4")
+    for n, k in ((24576, 4096), (4096, 12288)):
+        packed = fmt.random_packed((n, k), device="cuda")
+        for m in (1, 16, 64, 256, 4096):
+            for dx in (False, True):
+                if rep.out_of_time():
+                    return
+                a = randn(m, n if dx else k)
+                fn = kernels.int4_linear_dx if dx else kernels.int4_linear
+                times = []
+                for cfg in _sweep_candidates(m):
+                    try:
+                        times.append((us(fn, a, packed, config=cfg), cfg))
+                    except Exception as e:  # a config may not fit shared memory / registers
+                        rep.say(f"  cfg {cfg} failed: {type(e).__name__}")
+                times.sort(key=lambda tc: tc[0])
+                desc = "  ".join(f"{t:8.1f}:{c.block_m},{c.block_p},{c.block_r},{c.num_warps},{c.num_stages},"
+                                 f"{int(c.swap_ab)},{c.split_k}" for t, c in times)
+                rep.add(dict(section="sweep", n=n, k=k, m=m, dx=dx, times=[(t, repr(c)) for t, c in times]),
+                        f"{'dX ' if dx else 'fwd'} N={n:5} K={k:5} M={m:5} | {desc}")
+
+
+def summary(rep: Report) -> None:
+    def gm(v):
+        return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+
+    dense = [r for r in rep.rows if r["section"] == "dense"]
+    train = [(r["bf16_fwd"] + r["bf16_dx"]) / (r["int4_fwd"] + r["int4_dx"]) for r in dense if r["m"] >= 4096]
+    decode = [r["bf16_fwd"] / r["int4_fwd"] for r in dense if r["m"] <= 16]
+    moe = [(r["gmm_fwd"] + r["gmm_dx"]) / (r["int4_fwd"] + r["int4_dx"])
+           for r in rep.rows if r["section"] == "moe" and r["tokens"] >= 8192]
+    inv = [r["inv_fwd"] / r["int4_fwd"] for r in dense]
+    rep.say("\n== summary (geomean / min over shapes) ==")
+    for name, vals, target in (("training fwd+dX int4 / bf16 (M>=4096)", train, ">= 0.9"),
+                               ("decode fwd speedup (M<=16)", decode, ">= 2.5"),
+                               ("MoE fwd+dX int4 / grouped_mm (>=8k tokens)", moe, ">= 0.8"),
+                               ("batch-invariant fwd time / fast fwd time", inv, "cost")):
+        if vals:
+            rep.say(f"{name:46} geomean {gm(vals):5.2f}  min {min(vals):5.2f}  max {max(vals):5.2f}  "
+                    f"target {target}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sections", default="dense,moe,formats", help="comma list of dense,moe,formats,sweep")
+    p.add_argument("--budget", type=float, default=1e9, help="start no new measurement after this many s")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench/kernels.py needs a CUDA GPU")
+    torch.manual_seed(0)
+    rep = Report(args.budget)
+    rep.say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+    sections = {"dense": bench_dense, "moe": bench_moe, "formats": bench_formats, "sweep": bench_sweep}
+    for name in args.sections.split(","):
+        sections[name](rep)
+        rep.dump()
+    summary(rep)
+    if rep.out_of_time():
+        rep.say("(budget exhausted: some rows were skipped)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Eval: greedy accuracy and pass@k on the eval split every N RL steps (and before the first), with a sample
+table written as JSONL into the run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+
+
+class EvalCallback(L.Callback):
+    def __init__(self, items: list[dict], every_n_steps: int = 10, k: int = 8, max_items: int | None = None,
+                 output_dir: str | None = None):
+        if not items:
+            raise ValueError("EvalCallback needs a non-empty eval split")
+        self.items = items[:max_items] if max_items else items
+        self.every_n_steps, self.k = every_n_steps, k
+        self.output_dir = output_dir
+        self.history: list[dict[str, float]] = []
+
+    def _run(self, trainer: L.Trainer, pl_module) -> None:
+        metrics, table = pl_module.evaluate(self.items, self.k)
+        metrics = {**metrics, "rl_step": float(pl_module.rl_step)}
+        self.history.append(metrics)
+        for logger in trainer.loggers:
+            logger.log_metrics({k: v for k, v in metrics.items() if k != "rl_step"}, step=pl_module.rl_step)
+        if "eval/accuracy" in metrics:
+            pl_module.log("eval/accuracy", metrics["eval/accuracy"], prog_bar=True, on_step=True, batch_size=1)
+        out = Path(self.output_dir or trainer.default_root_dir) / "eval_samples.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a") as f:
+            for row in table[:16]:
+                f.write(json.dumps({"rl_step": pl_module.rl_step, **row}) + "\n")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        if not any(h["rl_step"] == pl_module.rl_step for h in self.history):
+            self._run(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        last = trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
+        if pl_module.rl_step % self.every_n_steps == 0 or last:
+            self._run(trainer, pl_module)
+
+    def state_dict(self) -> dict:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = state_dict.get("history", [])

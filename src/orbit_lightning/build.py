@@ -1,0 +1,111 @@
+"""Turn an `ExperimentConfig` into live objects: model + adapter, tokenizer, data, rewards, module, trainer."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .experiment import AdapterSpec, DataSpec, ExperimentConfig, ModelSpec, RewardSpec
+
+log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).parent / "assets"
+SHIPPED_MODELS = {"orbit-tiny-moe": ASSETS / "orbit-tiny-moe"}
+
+
+def resolve_model_path(path: str) -> str:
+    return str(SHIPPED_MODELS[path]) if path in SHIPPED_MODELS else path
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def peft_config(spec: AdapterSpec):
+    import peft
+
+    targets = spec.target_modules
+    target = "all-linear" if targets == ["all-linear"] else list(targets)
+    if spec.type == "lora":
+        return peft.LoraConfig(r=spec.r, lora_alpha=spec.alpha, use_rslora=spec.rslora, lora_dropout=spec.dropout,
+                               target_modules=target)
+    return peft.OFTConfig(oft_block_size=spec.oft_block_size, r=0, target_modules=target)
+
+
+def build_model(spec: ModelSpec, adapter: AdapterSpec | None):
+    from . import add_adapter, load_model
+
+    dtype = getattr(torch, spec.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"model.dtype={spec.dtype!r} is not a torch dtype (use float32 or bfloat16)")
+    model = load_model(resolve_model_path(spec.path), dtype=dtype, device=resolve_device(spec.device),
+                       quant=spec.quant, **spec.overrides)
+    for m in model.modules():
+        if hasattr(m, "chunk") and hasattr(m, "num_experts"):
+            m.chunk = spec.expert_chunk
+    if adapter is not None:
+        add_adapter(model, peft_config(adapter))
+    return model
+
+
+def build_tokenizer(spec: ModelSpec):
+    from .data.tokenizer import TOKENIZER_FILE, CharTokenizer
+
+    path = Path(resolve_model_path(spec.path))
+    if (path / TOKENIZER_FILE).is_file():
+        return CharTokenizer.from_pretrained(path)
+    if path.is_dir():
+        import transformers
+
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    log.warning("model %s has no tokenizer files; using the built-in character tokenizer", spec.path)
+    return CharTokenizer()
+
+
+def build_data(spec: DataSpec, tokenizer: Any, seed: int):
+    """-> (PromptDataModule, eval items as dataset rows)."""
+    from .data import PromptDataModule, PromptDataset, load_rows, make_arithmetic_split, train_eval_split
+    from .data.tasks import ArithmeticTaskConfig
+
+    if spec.source == "arithmetic":
+        task = ArithmeticTaskConfig(num_digits_min=spec.num_digits_min, num_digits_max=spec.num_digits_max,
+                                    ops=tuple(spec.ops), num_operands=spec.num_operands, seed=spec.task_seed,
+                                    train_size=spec.train_size, eval_size=spec.eval_size)
+        train_rows, eval_rows = make_arithmetic_split(task)
+    else:
+        rows = load_rows(spec.source)
+        if not rows:
+            raise ValueError(f"data.source={spec.source!r} holds no rows")
+        train_rows, eval_rows = train_eval_split(rows, eval_size=min(spec.eval_size, len(rows) // 2), seed=seed)
+    kw = dict(tokenizer=tokenizer, max_prompt_tokens=spec.max_prompt_tokens, prompt_key=spec.prompt_key,
+              answer_key=spec.answer_key)
+    train, evals = PromptDataset(train_rows, **kw), PromptDataset(eval_rows, **kw)
+    dm = PromptDataModule(train, evals, prompts_per_step=spec.prompts_per_step, seed=seed)
+    return dm, [evals[i] for i in range(len(evals))]
+
+
+def build_rewards(spec: RewardSpec):
+    from .rewards import RewardRunner
+
+    return RewardRunner([(f.name, f.weight) for f in spec.functions], timeout_s=spec.timeout_s,
+                        max_workers=spec.max_workers)
+
+
+def build_logger(cfg: ExperimentConfig, run_dir: Path):
+    from lightning.pytorch import loggers
+
+    kind = cfg.logger.kind
+    if kind == "csv":
+        return loggers.CSVLogger(run_dir, name="", version="")
+    if kind == "tensorboard":
+        return loggers.TensorBoardLogger(run_dir, name="", version="")
+    import os
+
+    if cfg.logger.wandb_offline:
+        os.environ.setdefault("WANDB_MODE", "offline")
+    return loggers.WandbLogger(project=cfg.logger.wandb_project, save_dir=str(run_dir), name=cfg.name)

@@ -1,0 +1,97 @@
+"""`orbit-rl`: the console command. No arguments runs the embedded default experiment.
+
+    orbit-rl                                   # default: RL on the shipped tiny MoE, INT4 base + LoRA, CPU ok
+    orbit-rl experiment=smoke trainer.max_steps=5
+    orbit-rl mode=print_config algo=dr_grpo
+    orbit-rl mode=pretrain                     # re-create the shipped tiny model
+    orbit-rl mode=eval adapter_path=runs/default/adapter
+    orbit-rl mode=plan_memory model=qwen3_30b_a3b
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+def config_dir() -> Path:
+    # Installed: the YAML tree ships as package data (orbit_lightning/conf); editable: the repo's configs/.
+    import orbit_lightning.conf as conf
+
+    return Path(conf.__file__).resolve().parent
+
+
+def compose(overrides: list[str]):
+    """Hydra-compose `config.yaml` + overrides onto the `ExperimentConfig` schema -> a validated dataclass."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from .experiment import ExperimentConfig
+
+    ConfigStore.instance().store(name="orbit_schema", node=ExperimentConfig)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        raw = hydra_compose(config_name="config", overrides=overrides)
+    check_keys(OmegaConf.to_container(raw, resolve=False), ExperimentConfig)
+    cfg: ExperimentConfig = OmegaConf.to_object(raw)
+    cfg.validate()
+    return cfg, OmegaConf.to_yaml(raw)
+
+
+def check_keys(node: dict, schema: type, prefix: str = "") -> None:
+    """Every key must be a field of its dataclass (Hydra lets `+key=value` through; we do not)."""
+    import dataclasses
+    import typing
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key, value in node.items():
+        if key not in fields:
+            raise ValueError(f"unknown config key '{prefix}{key}'; valid keys here: {sorted(fields)}")
+        sub = hints[key]
+        if dataclasses.is_dataclass(sub) and isinstance(value, dict):
+            check_keys(value, sub, f"{prefix}{key}.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg, yaml = compose(argv)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        print(f"orbit-rl: bad configuration: {e}\nSee `orbit-rl mode=print_config` for every key and "
+              f"configs/ for the choices of each group.", file=sys.stderr)
+        return 2
+
+    from . import train
+
+    if cfg.mode == "print_config":
+        print(yaml)
+        return 0
+    if cfg.mode == "plan_memory":
+        from .planning import plan_memory
+
+        print(plan_memory(cfg))
+        return 0
+    runner = {"train": train.run_train, "eval": train.run_eval, "pretrain": train.run_pretrain}[cfg.mode]
+    result = runner(cfg)
+    print(json.dumps(result, indent=2, default=str))
+    if cfg.mode == "train":
+        print(f"\nreport: {result.get('report_png')}\nmetrics: {result['metrics_csv']}\nadapter: {result['adapter']}"
+              f"\ncheckpoints: {result['checkpoints']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,286 @@
+"""`RLModule`: one RL step per Lightning training step (manual optimization).
+
+rollout (engine, active adapter version) → rewards → advantages → old / reference log-probs (no_grad; the
+reference is the same base with the adapter disabled) → K minibatch updates of the adapter → push (callback).
+Subclass and override `compute_rewards`, or register a reward function by name (rewards.register_reward).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import nn
+
+from .adapters import adapter_state_dict, copy_into_slot, trainable_parameters
+from .algorithms import get_advantage, kl_penalized_rewards, pass_at_k
+from .algorithms.config import AlgoConfig
+from .rewards.runner import RewardResult, RewardRunner
+from .rl.config import OptimConfig, RolloutConfig
+from .rl.experience import Experience, pack_sequences
+from .rl.loss import loss_denominator, micro_batch_loss, micro_batches, score_no_grad
+from .rl.phases import PhaseTimer
+
+log = logging.getLogger(__name__)
+
+
+class RLModule(L.LightningModule):
+    def __init__(
+        self,
+        model: nn.Module,  # frozen (packed) base with an adapter added
+        tokenizer: Any,
+        rewards: RewardRunner | None = None,
+        algo: AlgoConfig | None = None,
+        rollout: RolloutConfig | None = None,
+        optim: OptimConfig | None = None,
+        seed: int = 0,
+        engine: Any = None,  # a RolloutEngine; the strategy or `setup` provides one when None
+    ):
+        super().__init__()
+        self.model, self.tokenizer, self.rewards = model, tokenizer, rewards
+        self.algo = algo or AlgoConfig()
+        self.rollout_cfg, self.optim_cfg = rollout or RolloutConfig(), optim or OptimConfig()
+        for c in (self.algo, self.rollout_cfg, self.optim_cfg):
+            c.validate()
+        self.seed = seed
+        self.engine = engine
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold the adapter only, never the frozen base
+        self.rl_step = 0
+        self.phases = PhaseTimer()
+        self.last_samples: list[dict] = []
+
+    # ---- setup -------------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        self.phases.device = self.device
+        if self.engine is None:
+            self.engine = self.build_engine()
+
+    def build_engine(self):
+        from .rollout import RolloutEngine
+
+        r = self.rollout_cfg
+        return RolloutEngine(self.model, tokenizer=self.tokenizer, kv_budget_bytes=r.kv_budget_bytes,
+                             kv_fraction=r.kv_fraction, block_size=r.block_size, max_batch_size=r.max_batch_size,
+                             cuda_graphs=r.cuda_graphs, deterministic=r.deterministic)
+
+    def configure_optimizers(self):
+        o = self.optim_cfg
+        params = trainable_parameters(self.model)
+        if not params:
+            raise ValueError("the model has no trainable parameters; add an adapter (orbit_lightning.add_adapter)")
+        opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
+        total = max(1, self.trainer.max_steps) if self.trainer.max_steps > 0 else 1
+
+        def factor(step: int) -> float:
+            warm = min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps else 1.0
+            if o.schedule == "cosine":
+                return warm * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+            return warm
+
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(opt, factor)}
+
+    # ---- rewards (override point) ------------------------------------------------------------------
+
+    def compute_rewards(self, prompts: list[str], completions: list[str], metadata: list[dict]) -> RewardResult:
+        """Rewards for N (prompt, completion) pairs. Override in a subclass, or configure registered functions."""
+        if self.rewards is None:
+            raise ValueError("no reward functions configured; pass rewards=RewardRunner(...) or override "
+                             "RLModule.compute_rewards")
+        return self.rewards(prompts, completions, metadata)
+
+    # ---- one RL step -------------------------------------------------------------------------------
+
+    def sampling_params(self, n: int, temperature: float, seed: int, max_new_tokens: int | None = None):
+        from .rollout import SamplingParams
+
+        r = self.rollout_cfg
+        stops = list(r.stop_token_ids) or [self.tokenizer.eos_token_id]
+        return SamplingParams(n=n, temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
+                              top_k=r.top_k if temperature > 0 else -1,
+                              max_new_tokens=max_new_tokens or r.max_new_tokens, stop_token_ids=stops,
+                              seed=seed, ignore_eos=r.ignore_eos)
+
+    def generate(self, items: list[dict], n: int, temperature: float, salt: int):
+        # Seeds derive from (run seed, step, prompt index): a resumed run regenerates the same samples.
+        params = [self.sampling_params(n, temperature, mix_seed(self.seed, salt, it["index"])) for it in items]
+        return self.engine.generate([it["prompt_ids"] for it in items], params)
+
+    def collect(self, items: list[dict]) -> tuple[Experience, dict[str, float]]:
+        """Rollout + rewards -> an Experience (without advantages/log-probs yet)."""
+        g = self.rollout_cfg.group_size
+        outputs = self.generate(items, g, self.rollout_cfg.temperature, salt=self.rl_step)
+        prompts, comps, lps, texts, meta, versions, prompt_txt = [], [], [], [], [], [], []
+        for it, out in zip(items, outputs, strict=True):
+            if getattr(out, "error", None):
+                raise ValueError(f"prompt {it['index']} was rejected by the rollout engine: {out.error}")
+            for c in out.outputs:
+                prompts.append(it["prompt_ids"])
+                comps.append(list(c.token_ids))
+                lps.append(list(c.logprobs))
+                texts.append(self.tokenizer.decode(c.token_ids))
+                meta.append({**it.get("metadata", {}), "answer": it.get("answer")})
+                prompt_txt.append(it["prompt"])
+                versions.append(-1 if c.adapter_version is None else int(c.adapter_version))
+        result = self.compute_rewards(prompt_txt, texts, meta)
+        ids, attn, cmask, rlp, p = pack_sequences(prompts, comps, lps, pad_id=self.tokenizer.pad_token_id)
+        valid = result.valid.bool()
+        exp = Experience(input_ids=ids, attention_mask=attn, completion_mask=cmask, rollout_logprobs=rlp,
+                         rewards=result.rewards.float(), reward_valid=valid,
+                         adapter_versions=torch.tensor(versions), prompt_len=p, group_size=g)
+        exp.loss_mask = cmask * valid[:, None].float()
+        n_valid = max(int(valid.sum()), 1)
+        metrics = {"reward/mean": float(result.rewards[valid].sum()) / n_valid,
+                   "reward/failed_fraction": 1.0 - valid.float().mean().item(),
+                   "response/length_mean": cmask.sum(-1).mean().item(),
+                   "response/length_max": cmask.sum(-1).max().item()}
+        for name, vals in result.per_function.items():
+            ok = ~torch.isnan(vals)
+            metrics[f"reward/{name}"] = vals[ok].mean().item() if ok.any() else float("nan")
+        self.last_samples = [{"prompt": prompt_txt[i], "completion": texts[i], "reward": float(result.rewards[i])}
+                             for i in range(0, len(texts), g)]
+        return exp, metrics
+
+    def prepare(self, exp: Experience) -> dict[str, float]:
+        """Old and reference log-probs, then advantages (KL may shape the rewards first)."""
+        budget = self.algo.micro_batch_tokens
+        with self.phases.phase("old_logprobs"):
+            exp.old_logprobs = score_no_grad(self.model, exp, budget)
+        m = exp.completion_mask
+        diff = (exp.old_logprobs - exp.rollout_logprobs).abs() * m
+        metrics = {"rollout/logprob_diff_abs_mean": (diff.sum() / m.sum().clamp(min=1)).item(),
+                   "rollout/logprob_diff_abs_max": diff.max().item()}
+        rewards = exp.rewards
+        if self.algo.kl_coef > 0:
+            with self.phases.phase("reference"), self.model.disable_adapter():
+                exp.ref_logprobs = score_no_grad(self.model, exp, budget)
+            kl_tok = (exp.old_logprobs - exp.ref_logprobs) * exp.loss_mask
+            metrics["kl/ref"] = (kl_tok.sum(-1)).mean().item()
+            if self.algo.kl_in_reward:
+                rewards = kl_penalized_rewards(rewards, exp.old_logprobs, exp.ref_logprobs, exp.loss_mask,
+                                               beta=self.algo.kl_coef)
+        exp.advantages = get_advantage(self.algo.advantage)(rewards, exp.group_size, exp.reward_valid)
+        return metrics
+
+    def update(self, exp: Experience) -> dict[str, float]:
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        a = self.algo
+        max_tokens = a.max_tokens or self.rollout_cfg.max_new_tokens
+        n = exp.num_samples
+        sums: dict[str, float] = {}
+        count = 0
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, 1 << 20, self.rl_step))
+        for _ in range(a.updates_per_step):
+            order = torch.randperm(n, generator=gen)
+            for mb_rows in order.chunk(a.minibatches):
+                mb = exp.select(mb_rows)
+                denom = loss_denominator(mb.loss_mask, a.loss_agg)
+                for rows in micro_batches(torch.arange(len(mb_rows)), mb, a.micro_batch_tokens):
+                    loss, metrics = micro_batch_loss(self.model, mb.select(rows), a, denom, max_tokens)
+                    self.manual_backward(loss)
+                    for k, v in metrics.items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
+                    count += 1
+                norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), a.grad_clip)
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) * (count / max(1, a.minibatches))
+                if not torch.isfinite(norm):
+                    opt.zero_grad(set_to_none=True)
+                    raise FloatingPointError(f"non-finite gradient norm at rl_step {self.rl_step}; the adapter was "
+                                             "not updated (the last checkpoint is intact)")
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                sched.step()
+        out = {k: v / max(count, 1) for k, v in sums.items() if k != "grad_norm"}
+        out["grad_norm"] = sums.get("grad_norm", 0.0) / max(count, 1)
+        out["lr"] = sched.get_last_lr()[0]
+        return out
+
+    def training_step(self, batch: list[dict], batch_idx: int) -> None:
+        self.phases.last.clear()
+        with self.phases.phase("rollout"):
+            exp, metrics = self.collect(batch)
+        exp = exp.to(self.device)
+        metrics.update(self.prepare(exp))
+        with self.phases.phase("train"):
+            self.model.train()
+            metrics.update(self.update(exp))
+            self.model.eval()
+        self.rl_step += 1
+        metrics["rl_step"] = float(self.rl_step)
+        metrics["rollout/adapter_version_mean"] = exp.adapter_versions.float().mean().item()
+        self._log(metrics)
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        bar = {"reward/mean", "eval/accuracy"}
+        for k, v in metrics.items():
+            self.log(k, v, prog_bar=k in bar, on_step=True, on_epoch=False, batch_size=1)
+
+    # ---- evaluation (used by the Eval callback) -----------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, items: list[dict], k: int) -> tuple[dict[str, float], list[dict]]:
+        """Greedy accuracy and unbiased pass@k (k samples at eval temperature) over `items`."""
+        self.model.eval()
+        greedy = self.generate(items, 1, 0.0, salt=-1)
+        sampled = self.generate(items, k, self.rollout_cfg.eval_temperature, salt=-2) if k > 1 else None
+        prompts = [it["prompt"] for it in items]
+        meta = [{**it.get("metadata", {}), "answer": it.get("answer")} for it in items]
+        g_text = [self.tokenizer.decode(o.outputs[0].token_ids) for o in greedy]
+        g_rew = self.compute_rewards(prompts, g_text, meta)
+        correct = (g_rew.rewards > 0.5) & g_rew.valid
+        metrics = {"eval/accuracy": correct.float().mean().item()}
+        if sampled is not None:
+            texts = [self.tokenizer.decode(c.token_ids) for o in sampled for c in o.outputs]
+            rep = [x for x in prompts for _ in range(k)], [m for m in meta for _ in range(k)]
+            s_rew = self.compute_rewards(rep[0], texts, rep[1])
+            n_correct = ((s_rew.rewards > 0.5) & s_rew.valid).view(len(items), k).sum(-1)
+            for kk in sorted({1, k}):
+                metrics[f"eval/pass@{kk}"] = pass_at_k(n_correct, k, kk).mean().item()
+        table = [{"prompt": p, "answer": m.get("answer"), "greedy": t, "correct": bool(c)}
+                 for p, m, t, c in zip(prompts, meta, g_text, correct.tolist())]
+        return metrics, table
+
+    # ---- checkpoints: the adapter, optimizer, RNG; never the frozen base ----------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["state_dict"] = {f"adapter.{k}": v.detach().cpu() for k, v in adapter_state_dict(self.model).items()}
+        checkpoint["orbit"] = {"rl_step": self.rl_step, "rng": _rng_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = {k.removeprefix("adapter."): v for k, v in checkpoint["state_dict"].items()}
+        copy_into_slot(self.model, "train", state)
+        checkpoint["state_dict"] = {}
+        orbit = checkpoint.get("orbit", {})
+        self.rl_step = orbit.get("rl_step", 0)
+        if "rng" in orbit:
+            _set_rng_state(orbit["rng"])
+
+
+def mix_seed(*values: int) -> int:
+    """A deterministic 31-bit seed from integers (Python's hash() of str is salted per process)."""
+    h = 0x9E3779B9
+    for v in values:
+        h = (h ^ (v & 0xFFFFFFFFFFFF)) * 0x100000001B3 % (1 << 61)
+    return h % (2**31)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+

@@ -1,0 +1,1 @@
+"""The pieces of one RL step that the LightningModule orchestrates: typed batches, phases, loss."""

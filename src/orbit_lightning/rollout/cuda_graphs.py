@@ -1,0 +1,106 @@
+"""CUDA graphs for decode: one graph per (adapter slot, batch-size bucket, block-table width), captured lazily.
+
+Only the model forward (`ModelRunner.decode_hidden`: embeddings, layers, final norm) is captured; it reads
+static input buffers and writes a static [b, D] hidden-state buffer. lm_head, the fp32 cast and sampling run
+eagerly after each replay, so no graph holds a [b, V] logits buffer.
+
+Why the adapter slot is part of the key: LoRA layers choose their tensors (slot0 or slot1) in Python while
+capturing, so a graph bakes in one slot's buffer addresses. Staging copies *into* those buffers, so graphs stay
+valid across versions; only the slot choice needs its own graph.
+
+Graphs share one memory pool. That is safe because they never run concurrently and each replay's output is
+consumed (lm_head) before the next replay. Padding rows of a bucket decode token 0 at position 0 into the null
+block; their outputs are dropped.
+
+Models whose forward syncs with the host (MoE dispatch sizes its expert groups on the CPU) cannot be captured;
+`capture_blocker` names the reason and the engine decodes those eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .blocks import NULL_BLOCK, NULL_SLOT
+
+
+def batch_buckets(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, then multiples of 16: padding wastes at most ~2x at tiny batches and < 16 rows beyond."""
+    small = [b for b in (1, 2, 4, 8) if b < max_batch_size]
+    return small + list(range(16, max_batch_size, 16)) + [max_batch_size]
+
+
+def capture_blocker(model: nn.Module, device: torch.device) -> str | None:
+    """Why decode of `model` on `device` cannot be graph-captured, or None if it can."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device (model is on {device.type})"
+    cfg = model.config
+    if any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
+        return "MoE dispatch reads expert group sizes on the host (.tolist()), which a CUDA graph cannot capture"
+    return None
+
+
+class DecodeGraphs:
+    def __init__(self, forward: Callable[..., Tensor], max_batch_size: int, max_width: int,
+                 hidden_size: int, dtype: torch.dtype, device: torch.device):
+        self.forward = forward  # (ids, positions, slots, block_tables, context_lens) -> hidden [b, D]
+        self.buckets = batch_buckets(max_batch_size)
+        self.max_width, self.hidden_size, self.dtype, self.device = max_width, hidden_size, dtype, device
+        self.pool = torch.cuda.graph_pool_handle()
+        self._inputs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+        self._graphs: dict[tuple[str | None, int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+
+    def fits(self, batch: int, width: int) -> bool:
+        return batch <= self.buckets[-1] and width <= self.max_width
+
+    def _bucket(self, batch: int) -> int:
+        return next(b for b in self.buckets if b >= batch)
+
+    def _static_inputs(self, b: int, w: int) -> tuple[Tensor, ...]:
+        if (b, w) not in self._inputs:
+            z = dict(dtype=torch.long, device=self.device)
+            self._inputs[(b, w)] = (torch.zeros(b, 1, **z), torch.zeros(b, 1, **z),
+                                    torch.full((b, 1), NULL_SLOT, **z), torch.full((b, w), NULL_BLOCK, **z),
+                                    torch.ones(b, **z))
+        return self._inputs[(b, w)]
+
+    def _capture(self, key: tuple[str | None, int, int]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        _, b, w = key
+        static = self._static_inputs(b, w)
+        for x, fill in zip(static, (0, 0, NULL_SLOT, NULL_BLOCK, 1)):  # a dummy batch: writes hit the null block
+            x.fill_(fill)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm up (kernel autotuning, lazy inits) outside the capture
+            for _ in range(2):
+                self.forward(*static)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self.forward(*static)
+        return graph, out
+
+    def run(self, slot: str | None, ids: Tensor, positions: Tensor, slots: Tensor, block_tables: Tensor,
+            context_lens: Tensor) -> Tensor:
+        """Same arguments and result as the eager forward; rows beyond the real batch are padding."""
+        n, w = block_tables.shape
+        key = (slot, self._bucket(n), w)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(key)
+        graph, out = self._graphs[key]
+        s_ids, s_pos, s_slots, s_tables, s_ctx = self._static_inputs(key[1], w)
+        s_ids[:n].copy_(ids)
+        s_pos[:n].copy_(positions)
+        s_slots[:n].copy_(slots)
+        s_tables[:n].copy_(block_tables)
+        s_ctx[:n].copy_(context_lens)
+        if n < key[1]:
+            s_ids[n:].zero_()
+            s_pos[n:].zero_()
+            s_slots[n:].fill_(NULL_SLOT)
+            s_tables[n:].fill_(NULL_BLOCK)
+            s_ctx[n:].fill_(1)
+        graph.replay()
+        return out[:n]

@@ -1,0 +1,299 @@
+"""`RolloutEngine`: continuous-batching generation on the trainer's own model (same modules, kernels, packed base).
+
+Synchronous use (the RL loop): `engine.generate(prompts, SamplingParams(...))`. Driven use (a dedicated-GPU
+loop, streaming): `add_request(...)`, then `step()` until `has_unfinished()` is False; each step returns the
+`RequestOutput`s that changed. `stage_adapter` / `activate_adapter` are applied between steps, so every forward
+sees one consistent adapter version (see `adapter_slots.py` for the in-flight policy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import operator
+import threading
+from collections import defaultdict
+
+import torch
+from torch import Tensor, nn
+
+from .adapter_slots import AdapterSlots
+from .blocks import BlockAllocator, blocks_for
+from .cuda_graphs import DecodeGraphs, capture_blocker
+from .kv_cache import KVLayout, PagedKVCache, free_memory_bytes
+from .outputs import RequestOutput
+from .params import SamplingParams
+from .runner import ModelRunner
+from .sampling import make_generator, sample_seed, sample_tokens, sampled_logprobs
+from .scheduler import Scheduler
+from .sequence import Request, Sequence, check_stop
+
+
+class RolloutEngine:
+    """Generates with `model` (a `CausalLM`, optionally quantized and with an adapter).
+
+    KV memory: `kv_budget_bytes`, or `kv_fraction` of the device's free memory, or by default what
+    `max_batch_size` sequences of `max_model_len` tokens need, capped at half the free memory.
+    `max_prefill_tokens` bounds the padded tokens of one prefill forward (activation memory).
+    `deterministic=True` runs every forward in the kernels' batch-invariant mode
+    (`orbit_lightning.kernels.batch_invariant`), so that a row's numbers do not depend on its batch; exact
+    train/rollout equality additionally needs a batch-invariant attention, which the kernels issue provides.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer=None, *, kv_budget_bytes: int | None = None,
+                 kv_fraction: float | None = None, block_size: int = 16, max_batch_size: int = 256,
+                 max_model_len: int | None = None, max_prefill_tokens: int = 8192, cuda_graphs: bool = True,
+                 deterministic: bool = False, adapter_policy: str = "finish"):
+        cfg = model.config
+        for name, val in (("block_size", block_size), ("max_batch_size", max_batch_size),
+                          ("max_prefill_tokens", max_prefill_tokens)):
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {val!r}")
+        self.max_model_len = max_model_len or cfg.max_position_embeddings
+        if not 1 < self.max_model_len <= cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len={max_model_len} must be in [2, max_position_embeddings="
+                             f"{cfg.max_position_embeddings}]")
+        self.model, self.tokenizer, self.block_size = model, tokenizer, block_size
+        embed = model.model.embed_tokens.weight
+        self.device, self.vocab_size = embed.device, cfg.vocab_size
+        self.eos_ids = set(cfg.eos_token_ids)
+        layout = KVLayout.from_config(cfg, embed.dtype)
+        num_blocks = self._num_blocks(layout, kv_budget_bytes, kv_fraction, max_batch_size)
+        self.cache = PagedKVCache(layout, num_blocks, block_size, self.device)
+        self.allocator = BlockAllocator(num_blocks)
+        self.scheduler = Scheduler(self.allocator, block_size, max_batch_size, max_prefill_tokens)
+        self.slots = AdapterSlots(model, adapter_policy)
+        max_blocks = blocks_for(self.max_model_len, block_size)
+        self.runner = ModelRunner(model, self.cache, max_blocks, None)
+        self.graphs_disabled_reason = "cuda_graphs=False" if not cuda_graphs else capture_blocker(model, self.device)
+        if self.graphs_disabled_reason is None:
+            self.runner.graphs = DecodeGraphs(self.runner.decode_hidden, max_batch_size, max_blocks,
+                                              cfg.hidden_size, embed.dtype, self.device)
+        self._mode = _batch_invariant_mode() if deterministic else contextlib.nullcontext
+        self.deterministic = deterministic
+        self._requests: dict[str, Request] = {}
+        self._rejected: list[Request] = []  # answered (error / nothing to generate) at the next step
+        self._arrivals = itertools.count()
+        self._lock = threading.RLock()
+        self.peak_used_blocks = 0
+
+    def _num_blocks(self, layout: KVLayout, budget: int | None, fraction: float | None, max_batch: int) -> int:
+        per_block = layout.bytes_per_token() * self.block_size
+        if budget is not None and fraction is not None:
+            raise ValueError("give kv_budget_bytes or kv_fraction, not both")
+        if fraction is not None:
+            if not 0 < fraction <= 1:
+                raise ValueError(f"kv_fraction must be in (0, 1], got {fraction}")
+            budget = int(fraction * free_memory_bytes(self.device))
+        elif budget is None:
+            need = (max_batch * blocks_for(self.max_model_len, self.block_size) + 1) * per_block
+            budget = min(need, free_memory_bytes(self.device) // 2)
+        n = budget // per_block
+        if n < 2:
+            raise ValueError(f"KV budget of {budget} bytes holds {n} blocks of {per_block} bytes; at least 2 are "
+                             "needed (one is reserved): raise kv_budget_bytes / kv_fraction or lower block_size")
+        return n
+
+    # ---- requests ----------------------------------------------------------------------------------
+
+    def add_request(self, prompt: list[int] | str, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue one prompt -> its request id. A bad request is not raised: it is answered with `.error`."""
+        with self._lock:
+            arrival = next(self._arrivals)
+            rid = str(arrival) if request_id is None else str(request_id)
+            if rid in self._requests:
+                raise ValueError(f"request id {rid!r} is already in use; give each request a unique id")
+            params = SamplingParams() if params is None else params
+            req = Request(rid, [], params, arrival)
+            self._requests[rid] = req
+            req.error = self._admit_prompt(req, prompt)
+            if req.error or params.max_new_tokens == 0:
+                if not req.error:
+                    req.samples = [Sequence(req, j, None, list(req.prompt_token_ids), finish_reason="length")
+                                   for j in range(params.n)]
+                self._rejected.append(req)
+                return rid
+            req.samples = [Sequence(req, j, self._generator(params, j), list(req.prompt_token_ids))
+                           for j in range(params.n)]
+            self.scheduler.add(req.samples)
+            return rid
+
+    def _admit_prompt(self, req: Request, prompt) -> str | None:
+        """Fill `req.prompt_token_ids` -> the reason the request cannot run, or None."""
+        if not isinstance(req.params, SamplingParams):
+            return f"params must be a SamplingParams, got {type(req.params).__name__}"
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                return "text prompts need a tokenizer: pass RolloutEngine(model, tokenizer=...) or token ids"
+            req.prompt, prompt = prompt, self.tokenizer.encode(prompt)
+        try:
+            req.prompt_token_ids = [operator.index(t) for t in prompt]
+        except TypeError:
+            return f"a prompt must be a list of token ids or a string, got {type(prompt).__name__}"
+        ids, p = req.prompt_token_ids, req.params
+        if not ids:
+            return "empty prompt: give at least one token"
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            return f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+        problem = p.problem(self.tokenizer is not None)
+        if problem:
+            return problem
+        if len(ids) >= self.max_model_len:
+            return (f"prompt of {len(ids)} tokens leaves no room to generate within max_model_len="
+                    f"{self.max_model_len}; shorten it or raise max_model_len")
+        longest = min(len(ids) + (p.max_new_tokens if p.max_new_tokens is not None else self.max_model_len),
+                      self.max_model_len)
+        need = blocks_for(longest, self.block_size)
+        if need > self.allocator.num_usable:
+            return (f"a sample of up to {longest} tokens needs {need} KV blocks but the whole cache has "
+                    f"{self.allocator.num_usable}; raise kv_budget_bytes or lower max_new_tokens")
+        return None
+
+    def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
+        if params.greedy:
+            return None
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        return make_generator(sample_seed(seed, index), self.device)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now; its samples finish with reason "abort" and their blocks are freed."""
+        with self._lock:
+            req = self._requests.get(str(request_id))
+            if req is None:
+                raise KeyError(f"no unfinished request with id {request_id!r}")
+            for s in req.samples:
+                if s.finish_reason is None:
+                    self._finish(s, "abort")
+            self._rejected.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._rejected) or self.scheduler.has_work()
+
+    # ---- adapter versions --------------------------------------------------------------------------
+
+    def stage_adapter(self, version: int, state: dict[str, Tensor]) -> None:
+        """Copy adapter `state` (keys as `adapters.adapter_state_dict` gives) into the inactive slot."""
+        with self._lock:
+            self.slots.stage(version, state)
+
+    def activate_adapter(self, version: int) -> None:
+        """New sequences start on `version` from the next step on; in-flight ones follow the policy."""
+        with self._lock:
+            if self.slots.activate(version) and self.slots.policy == "switch":
+                for s in self.scheduler.running + self.scheduler.waiting:
+                    if s.slot is not None:
+                        self.slots.unbind(s.slot)
+                        s.slot = self.slots.bind()
+
+    def can_stage(self) -> bool:
+        return self.slots.can_stage()
+
+    @property
+    def adapter_version(self) -> int | None:
+        """The version new sequences start on."""
+        return self.slots.active_version
+
+    # ---- stepping ----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step -> outputs of the requests that changed (finished ones for the last time)."""
+        with self._lock:
+            outs = []
+            for req in self._step():
+                outs.append(req.output(self.tokenizer))
+                if req.finished:
+                    del self._requests[req.request_id]
+            return outs
+
+    def generate(self, prompts: list[list[int]] | list[str],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt -> one RequestOutput each, in order (errors in `.error`)."""
+        with self._lock:
+            if self.has_unfinished():
+                raise RuntimeError(f"generate() needs an idle engine but {len(self._requests)} request(s) added "
+                                   "with add_request are unfinished; drive them with step() first")
+            if isinstance(params, list) and len(params) != len(prompts):
+                raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts; give one, or one each")
+            per = params if isinstance(params, list) else [params] * len(prompts)
+            ids = [self.add_request(p, sp) for p, sp in zip(prompts, per)]
+            while self.has_unfinished():
+                self._step()
+            return [self._requests.pop(rid).output(self.tokenizer) for rid in ids]
+
+    def _step(self) -> list[Request]:
+        touched: dict[str, Request] = {r.request_id: r for r in self._rejected}
+        self._rejected = []
+        plan = self.scheduler.schedule()
+        self.peak_used_blocks = max(self.peak_used_blocks, self.allocator.num_used)
+        if plan.copies:
+            self.cache.copy_blocks(*map(list, zip(*plan.copies)))
+        for job in plan.prefill:
+            for s in job.samples:
+                if s.slot is None and not s.started:
+                    s.slot = self.slots.bind()
+        for slot, jobs in _by_slot(plan.prefill, lambda j: j.leader.slot).items():
+            with self.slots.use(slot), self._mode():
+                logits = self.runner.prefill([j.leader.tokens for j in jobs], [j.leader.block_table for j in jobs])
+            rows = [i for i, j in enumerate(jobs) for _ in j.samples]
+            seqs = [s for j in jobs for s in j.samples]
+            for s in seqs:
+                s.num_cached = len(s.tokens)
+            self._sample(seqs, logits[torch.tensor(rows, device=logits.device)])
+        for slot, seqs in _by_slot(plan.decode, lambda s: s.slot).items():
+            with self.slots.use(slot), self._mode():
+                logits = self.runner.decode([s.tokens[-1] for s in seqs], [s.num_cached for s in seqs],
+                                            [s.block_table for s in seqs], slot)
+            for s in seqs:
+                s.num_cached += 1
+            self._sample(seqs, logits)
+        for s in [s for j in plan.prefill for s in j.samples] + plan.decode:
+            touched[s.request.request_id] = s.request
+        return list(touched.values())
+
+    def _sample(self, seqs: list[Sequence], logits: Tensor) -> None:
+        ps = [s.request.params for s in seqs]
+        dev = logits.device
+        tokens = sample_tokens(
+            logits,
+            torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
+            torch.tensor([p.top_k_or_off for p in ps], dtype=torch.long, device=dev),
+            torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
+            [s.generator for s in seqs],
+        )
+        lps = sampled_logprobs(logits, tokens)
+        for s, tok, lp in zip(seqs, tokens.tolist(), lps.tolist()):
+            s.tokens.append(tok)
+            s.logprobs.append(lp)
+            s.versions.append(self.slots.version[s.slot] if s.slot is not None else None)
+            check_stop(s, self.eos_ids, self.max_model_len, self.tokenizer)
+            if s.finish_reason is not None:
+                self._finish(s, s.finish_reason)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        self.slots.unbind(seq.slot)
+        seq.slot = None
+
+    def stats(self) -> dict[str, int | str | None]:
+        return dict(num_blocks=self.allocator.num_usable, free_blocks=self.allocator.num_free,
+                    used_blocks=self.allocator.num_used, peak_used_blocks=self.peak_used_blocks,
+                    preemptions=self.scheduler.num_preemptions, running=len(self.scheduler.running),
+                    waiting=len(self.scheduler.waiting), cuda_graphs=self.graphs_disabled_reason or "on")
+
+
+def _by_slot(items: list, slot_of) -> dict[str | None, list]:
+    groups: dict[str | None, list] = defaultdict(list)
+    for it in items:
+        groups[slot_of(it)].append(it)
+    return groups
+
+
+def _batch_invariant_mode():
+    try:
+        from orbit_lightning.kernels import batch_invariant
+    except ImportError as e:
+        raise ValueError(f"deterministic=True needs orbit_lightning.kernels (Triton): {e}") from e
+    return batch_invariant

@@ -1,0 +1,93 @@
+"""Token sampling and the log-probs recorded with it (pure functions, batched over rows with per-row settings).
+
+Reproducibility: every sampled row draws its randomness from its own `torch.Generator` (seeded from the
+request seed and the sample index), always V exponentials per step, so what a sequence samples does not depend
+on which other sequences share its batch, nor on preemption (the generator survives a recompute).
+
+Log-probs are those of the *untempered* fp32 distribution, computed by the trainer's own function
+(`models.logprobs.logprobs_from_hidden`): temperature, top-k and top-p shape only the sampling distribution.
+The trainer's importance ratios compare against exactly this quantity.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..models.logprobs import logprobs_from_hidden
+
+_MASK64 = (1 << 64) - 1
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """A well-mixed 63-bit generator seed for sample `index` of a request seeded `seed` (SplitMix64 finaliser)."""
+    z = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def make_generator(seed: int, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def mask_top_k_top_p(
+    logits: Tensor,  # [B, V] fp32, already divided by the temperature
+    top_k: Tensor,  # [B] int64, 0 = off
+    top_p: Tensor,  # [B] fp32 in (0, 1], 1 = off
+) -> Tensor:
+    """-> [B, V] with tokens outside each row's top-k, then outside its top-p nucleus, set to -inf.
+
+    Top-p is applied to the distribution renormalised after top-k (vLLM's order). The nucleus is the smallest
+    prefix of the sorted tokens whose mass reaches p; the most likely token is always kept.
+    """
+    v = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(v, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, v)[:, None]
+    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample_tokens(
+    logits: Tensor,  # [B, V] fp32 untempered
+    temperature: Tensor,  # [B] fp32, 0 = greedy
+    top_k: Tensor,  # [B] int64, 0 = off
+    top_p: Tensor,  # [B] fp32
+    generators: list[torch.Generator | None],  # per row; None only for greedy rows
+) -> Tensor:
+    """-> [B] int64. Greedy rows take the argmax; the others draw by the exponential race
+    argmax(p / E), E ~ Exp(1) i.i.d., which samples exactly from p."""
+    tokens = logits.argmax(dim=-1)
+    rows = (temperature > 0).nonzero().flatten().tolist()
+    if not rows:
+        return tokens
+    idx = torch.tensor(rows, device=logits.device)
+    scaled = logits[idx] / temperature[idx, None]
+    k, p = top_k[idx], top_p[idx]
+    if bool((k > 0).any()) or bool((p < 1).any()):
+        scaled = mask_top_k_top_p(scaled, k, p)
+    probs = scaled.softmax(dim=-1)
+    noise = torch.empty_like(probs)
+    for i, row in enumerate(rows):
+        gen = generators[row]
+        if gen is None:
+            raise ValueError(f"row {row} samples (temperature > 0) but has no generator")
+        noise[i].exponential_(generator=gen)
+    tokens[idx] = (probs / noise).argmax(dim=-1)
+    return tokens
+
+
+def sampled_logprobs(
+    logits: Tensor,  # [B, V] fp32 untempered, the logits the tokens were sampled from
+    tokens: Tensor,  # [B] int64
+) -> Tensor:
+    """-> [B] fp32 log p(token). The logits are fed to the trainer's `logprobs_from_hidden` as hidden states
+    with an identity head, so the arithmetic (fp32 logsumexp, gather) is the trainer's, not a re-derivation."""
+    lp, _ = logprobs_from_hidden(logits[:, None, :], nn.Identity(), tokens[:, None])
+    return lp[:, 0]

@@ -1,0 +1,144 @@
+"""Continuous batching over the paged KV cache: who decodes, who is prefilled, who is preempted, each step.
+
+Each step, oldest first:
+1. every running sequence reserves the cache slot of its next token (a new block at a block boundary, or a
+   private copy of a shared last block: copy-on-write). When no block is free, the *youngest* running
+   sequence is preempted: its blocks are released and it goes back to the waiting queue, to be recomputed
+   (prompt + tokens so far, one prefill) when blocks free up. Its generator and tokens are kept, so its
+   output does not depend on having been preempted.
+2. if nothing was preempted, waiting sequences are admitted in arrival order while the batch has room, the
+   prefill token budget allows and their blocks (plus one block of headroom per sample) are free. The `n`
+   fresh samples of a prompt are admitted together: one is prefilled, the others share its blocks.
+
+The oldest sequence is never a victim while another runs, and every admitted request fits the cache alone,
+so every request finishes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from .blocks import BlockAllocator, blocks_for
+from .sequence import Sequence
+
+
+@dataclass
+class PrefillJob:
+    leader: Sequence  # computed: all its tokens
+    followers: list[Sequence] = field(default_factory=list)  # fresh siblings that share the leader's blocks
+
+    @property
+    def samples(self) -> list[Sequence]:
+        return [self.leader, *self.followers]
+
+
+@dataclass
+class StepPlan:
+    prefill: list[PrefillJob]
+    decode: list[Sequence]
+    copies: list[tuple[int, int]]  # copy-on-write (src block, dst block), to run before any forward
+    preempted: list[Sequence]
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, block_size: int, max_batch_size: int, max_prefill_tokens: int):
+        self.allocator, self.block_size = allocator, block_size
+        self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
+        self.waiting: list[Sequence] = []  # sorted by priority (oldest first)
+        self.running: list[Sequence] = []  # sorted by priority
+        self.num_preemptions = 0
+
+    def add(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            bisect.insort(self.waiting, s, key=lambda x: x.priority)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> StepPlan:
+        copies: list[tuple[int, int]] = []
+        preempted: list[Sequence] = []
+        decode: list[Sequence] = []
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            while not self._reserve_next_slot(seq, copies):
+                victim = self.running[-1]  # the youngest
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                decode.append(seq)
+                i += 1
+        prefill = [] if preempted else self._admit()
+        return StepPlan(prefill, decode, copies, preempted)
+
+    def finish(self, seq: Sequence) -> None:
+        """Release a finished (or aborted) sequence's blocks and drop it from the queues."""
+        self.allocator.release(seq.block_table)
+        seq.block_table = []
+        for queue in (self.running, self.waiting):
+            if seq in queue:
+                queue.remove(seq)
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _reserve_next_slot(self, seq: Sequence, copies: list[tuple[int, int]]) -> bool:
+        """Make the block that receives token `num_cached` writable by `seq` alone; False if out of blocks."""
+        idx = seq.num_cached // self.block_size
+        if idx < len(seq.block_table) and not self.allocator.is_shared(seq.block_table[idx]):
+            return True
+        if self.allocator.num_free == 0:
+            return False
+        (new,) = self.allocator.allocate(1)
+        if idx < len(seq.block_table):  # shared, partially filled: copy, then drop our reference to the original
+            old = seq.block_table[idx]
+            copies.append((old, new))
+            self.allocator.release([old])
+            seq.block_table[idx] = new
+        else:
+            seq.block_table.append(new)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.allocator.release(seq.block_table)
+        seq.block_table, seq.num_cached = [], 0
+        self.num_preemptions += 1
+        self.add([seq])
+
+    def _admit(self) -> list[PrefillJob]:
+        jobs: list[PrefillJob] = []
+        longest = 0
+        while self.waiting:
+            room = self.max_batch_size - len(self.running)
+            if room <= 0:
+                break
+            group = self._fresh_siblings(self.waiting[0], room)
+            lead = group[0]
+            need = blocks_for(len(lead.tokens), self.block_size) + len(group)  # + one block of headroom each
+            padded = (len(jobs) + 1) * max(longest, len(lead.tokens))  # prefill is padded to the longest row
+            if need > self.allocator.num_free or (jobs and padded > self.max_prefill_tokens):
+                break
+            lead.block_table = self.allocator.allocate(blocks_for(len(lead.tokens), self.block_size))
+            for f in group[1:]:
+                f.block_table = self.allocator.share(lead.block_table)
+            del self.waiting[: len(group)]
+            for s in group:
+                bisect.insort(self.running, s, key=lambda x: x.priority)
+            jobs.append(PrefillJob(lead, group[1:]))
+            longest = max(longest, len(lead.tokens))
+        return jobs
+
+    def _fresh_siblings(self, head: Sequence, room: int) -> list[Sequence]:
+        """`head` plus the following waiting samples of the same request that have not started either."""
+        if head.started:
+            return [head]
+        group = [head]
+        for s in self.waiting[1:room]:
+            if s.request is not head.request or s.started:
+                break
+            group.append(s)
+        return group

@@ -1,0 +1,122 @@
+"""Run modes of `orbit-rl`: train (the RL loop), eval (an adapter), pretrain, plan_memory."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .build import build_data, build_logger, build_model, build_rewards, build_tokenizer, resolve_device
+from .experiment import ExperimentConfig
+
+log = logging.getLogger(__name__)
+
+
+def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[dict], model_factory):
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from .callbacks import AdapterPush, EvalCallback, FailSafe, MemoryTracker
+    from .checkpoint_io import AtomicCheckpointIO
+    from .strategies import ColocatedRLStrategy, DedicatedRolloutStrategy
+
+    device = resolve_device(cfg.model.device)
+    if cfg.strategy.name == "dedicated":
+        if cfg.strategy.rollout_device is None:
+            raise ValueError("strategy=dedicated needs strategy.rollout_device (e.g. cuda:1)")
+        strategy = DedicatedRolloutStrategy(device, torch.device(cfg.strategy.rollout_device), model_factory,
+                                            checkpoint_io=AtomicCheckpointIO())
+    else:
+        strategy = ColocatedRLStrategy(device=device, checkpoint_io=AtomicCheckpointIO())
+    opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
+    ckpt_dir = run_dir / "checkpoints"
+    callbacks = [
+        AdapterPush(),
+        MemoryTracker(),
+        EvalCallback(eval_items, every_n_steps=cfg.trainer.eval_every, k=cfg.rollout.eval_k,
+                     max_items=cfg.trainer.eval_max_items, output_dir=str(run_dir)),
+        ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.trainer.checkpoint_every * opt_steps,
+                        save_last=True, save_top_k=1, filename="step{step}"),
+        FailSafe(ckpt_dir),
+    ]
+    return L.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, strategy=strategy,
+        max_steps=cfg.trainer.max_steps * opt_steps, logger=build_logger(cfg, run_dir), callbacks=callbacks,
+        default_root_dir=run_dir, limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=1,
+        enable_model_summary=False, deterministic=False,
+    )
+
+
+def resolve_resume(cfg: ExperimentConfig, run_dir: Path) -> str | None:
+    r = cfg.trainer.resume
+    if r == "auto":
+        last = run_dir / "checkpoints" / "last.ckpt"
+        return str(last) if last.is_file() else None
+    if r is not None and not Path(r).is_file():
+        raise FileNotFoundError(f"trainer.resume={r!r}: no such checkpoint file")
+    return r
+
+
+def run_train(cfg: ExperimentConfig) -> dict:
+    from . import save_adapter
+    from .module import RLModule
+    from .report import write_report
+
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    torch.manual_seed(cfg.trainer.seed)
+    run_dir = Path(cfg.trainer.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(cfg.model)
+    model = build_model(cfg.model, cfg.adapter)
+    dm, eval_items = build_data(cfg.data, tokenizer, cfg.trainer.seed)
+
+    def rollout_model(device: torch.device):
+        spec = type(cfg.model)(**{**asdict(cfg.model), "device": str(device)})
+        return build_model(spec, cfg.adapter)
+
+    module = RLModule(model, tokenizer, rewards=build_rewards(cfg.reward), algo=cfg.algo, rollout=cfg.rollout,
+                      optim=cfg.optim, seed=cfg.trainer.seed)
+    trainer = make_trainer(cfg, module, run_dir, eval_items, rollout_model)
+    trainer.fit(module, datamodule=dm, ckpt_path=resolve_resume(cfg, run_dir))
+
+    adapter_dir = save_adapter(model, run_dir / "adapter", base_model_name_or_path=cfg.model.path)
+    eval_cb = next(c for c in trainer.callbacks if type(c).__name__ == "EvalCallback")
+    out = {"run_dir": str(run_dir), "metrics_csv": str(run_dir / "metrics.csv"), "adapter": str(adapter_dir),
+           "checkpoints": str(run_dir / "checkpoints"), "eval": eval_cb.history}
+    if cfg.trainer.report and cfg.logger.kind == "csv":
+        png, js = write_report(run_dir, eval_cb.history)
+        out.update(report_png=str(png), report_json=str(js))
+    return out
+
+
+def run_eval(cfg: ExperimentConfig) -> dict:
+    from . import load_adapter
+    from .module import RLModule
+
+    tokenizer = build_tokenizer(cfg.model)
+    model = build_model(cfg.model, None if cfg.adapter_path else cfg.adapter)
+    if cfg.adapter_path:
+        load_adapter(model, cfg.adapter_path)
+    _, eval_items = build_data(cfg.data, tokenizer, cfg.trainer.seed)
+    module = RLModule(model, tokenizer, rewards=build_rewards(cfg.reward), algo=cfg.algo, rollout=cfg.rollout,
+                      optim=cfg.optim, seed=cfg.trainer.seed)
+    module.engine = module.build_engine()
+    metrics, _ = module.evaluate(eval_items[: cfg.trainer.eval_max_items], cfg.rollout.eval_k)
+    return metrics
+
+
+def run_pretrain(cfg: ExperimentConfig) -> dict:
+    from .data.tasks import ArithmeticTaskConfig
+    from .pretrain import PretrainConfig, pretrain
+
+    d, p = cfg.data, cfg.pretrain
+    task = ArithmeticTaskConfig(num_digits_min=d.num_digits_min, num_digits_max=d.num_digits_max, ops=tuple(d.ops),
+                                num_operands=d.num_operands, seed=d.task_seed, train_size=d.train_size,
+                                eval_size=d.eval_size)
+    out = pretrain(PretrainConfig(output_dir=p.output_dir, task=task, seed=cfg.trainer.seed, batch_size=p.batch_size,
+                                  lr=p.lr, max_steps=p.max_steps, eval_every=p.eval_every,
+                                  target_accuracy=p.target_accuracy, threads=cfg.trainer.threads or 2))
+    return {"checkpoint": str(out)}
