@@ -134,7 +134,8 @@ def load_adapter(model: nn.Module, directory: str | Path, slot: str = TRAIN_SLOT
     if extra or missing:
         raise ValueError(
             f"adapter at {directory} does not fit this model: {len(extra)} tensors name modules the model's adapter "
-            f"lacks (e.g. {sorted(extra)[:3]}), {len(missing)} adapter tensors are absent (e.g. {sorted(missing)[:3]}); "
+            f"lacks (e.g. {sorted(extra)[:3]}), {len(missing)} adapter tensors are absent "
+            f"(e.g. {sorted(missing)[:3]}); "
             "was it trained on another model or with other target_modules?")
     for k, t in targets.items():
         if t.shape != tensors[k].shape:
