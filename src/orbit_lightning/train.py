@@ -69,6 +69,7 @@ def run_train(cfg: ExperimentConfig) -> dict:
     torch.manual_seed(cfg.trainer.seed)
     run_dir = Path(cfg.trainer.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    resume = resolve_resume(cfg, run_dir)  # fail before loading anything
     tokenizer = build_tokenizer(cfg.model)
     model = build_model(cfg.model, cfg.adapter)
     dm, eval_items = build_data(cfg.data, tokenizer, cfg.trainer.seed)
@@ -80,7 +81,7 @@ def run_train(cfg: ExperimentConfig) -> dict:
     module = RLModule(model, tokenizer, rewards=build_rewards(cfg.reward), algo=cfg.algo, rollout=cfg.rollout,
                       optim=cfg.optim, seed=cfg.trainer.seed)
     trainer = make_trainer(cfg, module, run_dir, eval_items, rollout_model)
-    trainer.fit(module, datamodule=dm, ckpt_path=resolve_resume(cfg, run_dir))
+    trainer.fit(module, datamodule=dm, ckpt_path=resume)
 
     adapter_dir = save_adapter(model, run_dir / "adapter", base_model_name_or_path=cfg.model.path)
     eval_cb = next(c for c in trainer.callbacks if type(c).__name__ == "EvalCallback")

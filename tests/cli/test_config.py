@@ -1,0 +1,58 @@
+"""The orbit-rl command's configuration: composition, validation and clear errors (real subprocesses)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from orbit_lightning.cli import compose
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orbit_lightning.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_default_config_composes_to_the_schema():
+    cfg, yaml = compose([])
+    assert cfg.model.path == "orbit-tiny-moe" and cfg.model.quant == "int4"
+    assert cfg.algo.advantage == "grpo" and cfg.adapter.type == "lora"
+    assert "orbit_schema" not in yaml
+
+
+@pytest.mark.parametrize("overrides,check", [
+    (["algo=dr_grpo"], lambda c: c.algo.advantage == "dr_grpo" and c.algo.loss_agg == "seq_mean_token_sum_norm"),
+    (["quant=nvfp4"], lambda c: c.model.quant == "nvfp4"),
+    (["quant=none"], lambda c: c.model.quant is None),
+    (["experiment=smoke"], lambda c: c.trainer.max_steps == 2 and c.name == "smoke"),
+    (["trainer.max_steps=7", "rollout.group_size=4"], lambda c: c.trainer.max_steps == 7),
+])
+def test_overrides(overrides, check):
+    cfg, _ = compose(overrides)
+    assert check(cfg)
+
+
+def test_print_config_subcommand():
+    out = run_cli("mode=print_config", "algo=gspo")
+    assert out.returncode == 0, out.stderr
+    assert "policy_loss: gspo" in out.stdout
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("algo.bogus=1", "algo.bogus"),
+    ("+algo.bogus=1", "unknown config key 'algo.bogus'"),
+    ("algo=nope", "Available options in 'algo'"),
+    ("trainer.max_steps=abc", "trainer.max_steps"),
+    ("algo.advantage=ppo2", "algo.advantage='ppo2' is not one of"),
+    ("mode=fly", "mode='fly' is not one of"),
+])
+def test_bad_config_fails_at_startup_with_a_clear_message(arg, message):
+    out = run_cli(arg)
+    assert out.returncode == 2
+    assert "bad configuration" in out.stderr and message in out.stderr, out.stderr
+
+
+def test_missing_checkpoint_for_resume(tmp_path):
+    out = run_cli("experiment=smoke", f"trainer.output_dir={tmp_path}", f"trainer.resume={tmp_path}/nope.ckpt")
+    assert out.returncode != 0
+    assert "no such checkpoint file" in out.stderr
