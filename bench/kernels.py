@@ -74,8 +74,59 @@ class Report:
 
 
 def us(fn, *args, **kwargs) -> float:
-    """Median time of fn(*args, **kwargs) in microseconds."""
+    """Median time of fn(*args, **kwargs) in microseconds (host launch cost hidden behind the L2 flush)."""
     return do_bench(partial(fn, *args, **kwargs), return_mode="median") * 1e3
+
+
+_FLUSH: list[torch.Tensor] = []
+
+
+def graph_us(fn, *args, reps: int = 10, **kwargs) -> float:
+    """GPU time of fn(*args, **kwargs) in microseconds with a cold L2 and no host launch cost, as under
+    the engine's CUDA graphs: a graph of `reps` x (L2 flush, fn) minus a graph of `reps` flushes.
+    For small M, where Python + launch overhead (tens of us) would otherwise be what do_bench measures."""
+    f = partial(fn, *args, **kwargs)
+    f()  # compile and allocate outside the capture
+    torch.cuda.synchronize()
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
+    graphs = []
+    for with_fn in (True, False):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                _FLUSH[0].zero_()
+                if with_fn:
+                    f()
+        graphs.append(g)
+
+    def median_ms(g: torch.cuda.CUDAGraph) -> float:
+        times = []
+        for _ in range(7):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[3]
+
+    both, flush_only = median_ms(graphs[0]), median_ms(graphs[1])
+    return max(both - flush_only, 0.0) * 1e3 / reps
+
+
+def timer(m: int):
+    """graph_us for decode-like sizes (M <= 256), do_bench otherwise."""
+    return graph_us if m <= 256 else us
+
+
+def dq_linear(x: torch.Tensor, packed: dict) -> torch.Tensor:
+    """Transient one-pass dequantization to bf16, then cuBLAS (the alternative to the fused kernel)."""
+    return F.linear(x, kernels.dequantize("int4", packed, x.dtype))
+
+
+def dq_linear_dx(dy: torch.Tensor, packed: dict) -> torch.Tensor:
+    return dy @ kernels.dequantize("int4", packed, dy.dtype)
 
 
 def invariant(fn, *args, **kwargs):
@@ -93,9 +144,10 @@ def packed_bytes(packed: dict) -> int:
 
 def bench_dense(rep: Report) -> None:
     rep.say("\n== dense int4-g32 vs bf16 F.linear (fwd) and dy @ W (dX); us; ratio = bf16 / int4 ==")
+    rep.say("(M <= 256: CUDA-graph timing with cold L2; dq+mm = one-pass dequantize + cuBLAS, M >= 256)")
     rep.say(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6} | {'bf16 fwd':>9} {'int4 fwd':>9} "
             f"{'x':>5} {'TB/s':>5} | {'bf16 dX':>9} {'int4 dX':>9} {'fwd+dX x':>8} | {'inv fwd':>9} "
-            f"{'inv cost':>8}")
+            f"{'inv cost':>8} | {'dq+mm x':>7}")
     fmt = get_format("int4")
     for model, layers in DENSE.items():
         for layer, n, k in layers:
@@ -105,9 +157,14 @@ def bench_dense(rep: Report) -> None:
                 if rep.out_of_time():
                     return
                 x, dy = randn(m, k), randn(m, n)
-                t = {"bf16_fwd": us(F.linear, x, w), "int4_fwd": us(kernels.int4_linear, x, packed),
-                     "bf16_dx": us(torch.matmul, dy, w), "int4_dx": us(kernels.int4_linear_dx, dy, packed),
-                     "inv_fwd": us(invariant, kernels.int4_linear, x, packed)}
+                tm = timer(m)
+                t = {"bf16_fwd": tm(F.linear, x, w), "int4_fwd": tm(kernels.int4_linear, x, packed),
+                     "bf16_dx": tm(torch.matmul, dy, w), "int4_dx": tm(kernels.int4_linear_dx, dy, packed),
+                     "inv_fwd": tm(invariant, kernels.int4_linear, x, packed)}
+                dq = float("nan")
+                if m >= 256:
+                    t["dq_fwd"], t["dq_dx"] = tm(dq_linear, x, packed), tm(dq_linear_dx, dy, packed)
+                    dq = (t["bf16_fwd"] + t["bf16_dx"]) / (t["dq_fwd"] + t["dq_dx"])
                 moved = packed_bytes(packed) + 2 * m * (n + k)
                 tbs = moved / t["int4_fwd"] / 1e6
                 both = (t["bf16_fwd"] + t["bf16_dx"]) / (t["int4_fwd"] + t["int4_dx"])
@@ -115,19 +172,25 @@ def bench_dense(rep: Report) -> None:
                         f"{model:16} {layer:12} {n:6} {k:6} {m:6} | {t['bf16_fwd']:9.1f} "
                         f"{t['int4_fwd']:9.1f} {t['bf16_fwd'] / t['int4_fwd']:5.2f} {tbs:5.2f} | "
                         f"{t['bf16_dx']:9.1f} {t['int4_dx']:9.1f} {both:8.2f} | {t['inv_fwd']:9.1f} "
-                        f"{t['inv_fwd'] / t['int4_fwd']:8.2f}")
+                        f"{t['inv_fwd'] / t['int4_fwd']:8.2f} | {dq:7.2f}")
             torch.cuda.empty_cache()
 
 
-def _grouped_mm_dx_us(dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> float:
+def _grouped_mm_dx_us(tm, dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> float:
     """Time of the faster valid torch grouped GEMM for dy @ W_e: W as stored [E, N, K], or K-major."""
     times = []
     for layout in (w, w.transpose(1, 2).contiguous().transpose(1, 2)):
         try:
-            times.append(us(GROUPED_MM, dy, layout, offs=offs))
+            times.append(tm(GROUPED_MM, dy, layout, offs=offs))
         except RuntimeError:  # a layout this torch version does not take
             continue
     return min(times)
+
+
+def dq_grouped(x, ends, packed, dx: bool):
+    """Chunk-free stand-in for the chunked path: dequantize every expert to bf16, then grouped_mm."""
+    w = kernels.dequantize("int4", packed, x.dtype)
+    return GROUPED_MM(x, w if dx else w.transpose(1, 2), offs=ends)
 
 
 def bench_moe(rep: Report) -> None:
@@ -135,8 +198,9 @@ def bench_moe(rep: Report) -> None:
     if GROUPED_MM is None:
         rep.say("torch has no _grouped_mm / grouped_mm: skipped")
         return
+    rep.say("(dq+gmm = dequantize all experts to bf16 + grouped_mm, the chunked path without chunking)")
     rep.say(f"{'model':16} {'proj':8} {'E':>4} {'N':>5} {'K':>5} {'tokens':>6} | {'gmm fwd':>9} "
-            f"{'int4 fwd':>9} {'x':>5} | {'gmm dX':>9} {'int4 dX':>9} {'fwd+dX x':>8}")
+            f"{'int4 fwd':>9} {'x':>5} | {'gmm dX':>9} {'int4 dX':>9} {'fwd+dX x':>8} | {'dq+gmm x':>8}")
     fmt = get_format("int4")
     for model, (experts, top_k, hidden, inter, token_counts) in MOE.items():
         for proj, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
@@ -153,16 +217,20 @@ def bench_moe(rep: Report) -> None:
                 ends = counts.cumsum(0).to(torch.int32)
                 offsets = torch.cat([ends.new_zeros(1), ends])
                 x, dy = randn(rows, k), randn(rows, n)
-                t = {"gmm_fwd": us(GROUPED_MM, x, w.transpose(1, 2), offs=ends),
-                     "int4_fwd": us(kernels.grouped_dequant_linear, x, offsets, "int4", packed),
-                     "gmm_dx": _grouped_mm_dx_us(dy, w, ends),
-                     "int4_dx": us(kernels.grouped_dequant_linear_dx, dy, offsets, "int4", packed)}
+                tm = timer(tokens)
+                t = {"gmm_fwd": tm(GROUPED_MM, x, w.transpose(1, 2), offs=ends),
+                     "int4_fwd": tm(kernels.grouped_dequant_linear, x, offsets, "int4", packed),
+                     "gmm_dx": _grouped_mm_dx_us(tm, dy, w, ends),
+                     "int4_dx": tm(kernels.grouped_dequant_linear_dx, dy, offsets, "int4", packed),
+                     "dq_fwd": tm(dq_grouped, x, ends, packed, dx=False),
+                     "dq_dx": tm(dq_grouped, dy, ends, packed, dx=True)}
+                dq = (t["gmm_fwd"] + t["gmm_dx"]) / (t["dq_fwd"] + t["dq_dx"])
                 both = (t["gmm_fwd"] + t["gmm_dx"]) / (t["int4_fwd"] + t["int4_dx"])
                 row = dict(section="moe", model=model, proj=proj, experts=experts, n=n, k=k, tokens=tokens)
                 rep.add(row | t,
                         f"{model:16} {proj:8} {experts:4} {n:5} {k:5} {tokens:6} | {t['gmm_fwd']:9.1f} "
                         f"{t['int4_fwd']:9.1f} {t['gmm_fwd'] / t['int4_fwd']:5.2f} | {t['gmm_dx']:9.1f} "
-                        f"{t['int4_dx']:9.1f} {both:8.2f}")
+                        f"{t['int4_dx']:9.1f} {both:8.2f} | {dq:8.2f}")
             torch.cuda.empty_cache()
 
 
@@ -176,7 +244,8 @@ def bench_formats(rep: Report) -> None:
             if rep.out_of_time():
                 return
             x, dy = randn(m, k), randn(m, n)
-            t = {"bf16_fwd": us(F.linear, x, w), "fwd": us(kernels.dequant_linear, x, name, packed)}
+            tm = timer(m)
+            t = {"bf16_fwd": tm(F.linear, x, w), "fwd": tm(kernels.dequant_linear, x, name, packed)}
             line = f"{name:10} M={m:5} | bf16 {t['bf16_fwd']:9.1f} kernel {t['fwd']:9.1f} x "
             line += f"{t['bf16_fwd'] / t['fwd']:5.2f}"
             if m == 4096:
@@ -187,26 +256,27 @@ def bench_formats(rep: Report) -> None:
 
 
 def _sweep_candidates(m: int) -> list[kernels.TileConfig]:
-    T = kernels.TileConfig
+    T = kernels.TileConfig  # (block_m, block_p, block_r, warps, stages, swap_ab, split_k; 0 = auto)
     if m <= 64:
         bm = 16 if m <= 16 else 64
-        return [T(bm, 64, 256, 4, 4, True, 0), T(bm, 64, 128, 4, 4, True, 0), T(bm, 128, 128, 4, 4, True, 0),
-                T(bm, 128, 256, 8, 3, True, 0), T(bm, 64, 128, 4, 6, True, 0), T(bm, 64, 128, 4, 4, False, 0),
-                T(bm, 64, 128, 4, 4, True, 1)]
+        return [T(bm, 64, 128, 4, 4, True, 0), T(bm, 64, 256, 4, 4, True, 0), T(bm, 128, 128, 4, 4, True, 0),
+                T(bm, 64, 128, 4, 6, True, 0), T(bm, 64, 128, 4, 4, True, 8), T(bm, 64, 128, 4, 4, False, 0),
+                T(bm, 64, 128, 4, 4, True, 1), T(bm, 128, 128, 8, 4, True, 0)]
     if m <= 256:
-        return [T(64, 128, 64, 4, 4, True), T(128, 128, 64, 8, 3, True), T(64, 64, 128, 4, 4, True),
-                T(64, 128, 64, 4, 4, False), T(32, 128, 128, 4, 4, True)]
-    return [T(128, 128, 64, 8, 3, True), T(128, 128, 64, 8, 3, False), T(128, 256, 64, 8, 3, False),
-            T(128, 256, 64, 8, 3, True), T(128, 128, 64, 4, 4, True), T(256, 128, 64, 8, 3, True),
-            T(128, 128, 128, 8, 3, True), T(64, 256, 64, 8, 3, True)]
+        return [T(128, 128, 64, 8, 3, True), T(64, 64, 128, 4, 4, True), T(128, 64, 128, 4, 4, True),
+                T(64, 128, 128, 4, 4, True), T(128, 128, 64, 8, 3, False)]
+    return [T(256, 128, 64, 8, 3, True), T(256, 128, 64, 8, 3, False), T(128, 256, 64, 8, 3, False),
+            T(128, 256, 64, 8, 3, True), T(128, 128, 64, 8, 3, True), T(256, 128, 64, 8, 4, True),
+            T(256, 64, 64, 8, 3, True), T(128, 128, 64, 4, 4, True)]
 
 
 def bench_sweep(rep: Report) -> None:
-    rep.say("\n== tile sweep, int4-g32 (cfg = BM BP BR warps stages swap split) ==")
+    rep.say("\n== tile sweep, int4-g32 bf16, us (cfg = BM BP BR warps stages swap split) ==")
     fmt = get_format("int4")
-    for n, k in ((24576, 4096), (4096, 12288)):
+    for n, k, ms in ((24576, 4096, (1, 16, 64, 256, 4096)), (4096, 4096, (1, 16, 64)),
+                     (4096, 12288, (1, 16, 64, 256, 4096))):
         packed = fmt.random_packed((n, k), device="cuda")
-        for m in (1, 16, 64, 256, 4096):
+        for m in ms:
             for dx in (False, True):
                 if rep.out_of_time():
                     return
@@ -215,13 +285,20 @@ def bench_sweep(rep: Report) -> None:
                 times = []
                 for cfg in _sweep_candidates(m):
                     try:
-                        times.append((us(fn, a, packed, config=cfg), cfg))
+                        times.append((timer(m)(fn, a, packed, config=cfg), cfg))
                     except Exception as e:  # a config may not fit shared memory / registers
                         rep.say(f"  cfg {cfg} failed: {type(e).__name__}")
                 times.sort(key=lambda tc: tc[0])
-                desc = "  ".join(f"{t:8.1f}:{c.block_m},{c.block_p},{c.block_r},{c.num_warps},{c.num_stages},"
-                                 f"{int(c.swap_ab)},{c.split_k}" for t, c in times)
-                rep.add(dict(section="sweep", n=n, k=k, m=m, dx=dx, times=[(t, repr(c)) for t, c in times]),
+                kernels.configs.FAST_INT4 = False  # the best config again, with the generic fp32 decoder
+                try:
+                    generic = timer(m)(fn, a, packed, config=times[0][1]) if times else float("nan")
+                finally:
+                    kernels.configs.FAST_INT4 = True
+                desc = f"generic decoder {generic:8.1f} | " + "  ".join(
+                    f"{t:8.1f}:{c.block_m},{c.block_p},{c.block_r},{c.num_warps},{c.num_stages},{int(c.swap_ab)},"
+                    f"{c.split_k}" for t, c in times)
+                rep.add(dict(section="sweep", n=n, k=k, m=m, dx=dx, generic=generic,
+                             times=[(t, repr(c)) for t, c in times]),
                         f"{'dX ' if dx else 'fwd'} N={n:5} K={k:5} M={m:5} | {desc}")
 
 

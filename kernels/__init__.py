@@ -1,8 +1,9 @@
 """Triton kernels for the frozen low-precision base (installed as `orbit_lightning.kernels`).
 
 Fused dequant-GEMM forward and dX for int4 / fp8-block / mxfp4 / nvfp4 packed weights, a split-K
-small-M (decode) path, a grouped MoE GEMM over active experts, and a batch-invariant mode
-(`set_batch_invariant` / `batch_invariant()`) with a matching RMSNorm. All entry points are plain
+small-M (decode) path, a grouped MoE GEMM over active experts, a one-pass `dequantize` (for chunked
+paths), and a batch-invariant mode (`set_batch_invariant` / `batch_invariant()`) with a matching
+RMSNorm. All entry points are plain
 torch functions without autograd.
 
 On the CPU the kernels run under Triton's interpreter, which must be enabled before this package is
@@ -10,6 +11,7 @@ imported: `TRITON_INTERPRET=1` in the environment (tests/kernels/conftest.py set
 """
 
 from .configs import TileConfig
+from .dequant_weight import dequantize
 from .formats import FORMATS, supports
 from .linear import (
     dequant_linear,
@@ -27,6 +29,7 @@ __all__ = [
     "FORMATS",
     "TileConfig",
     "batch_invariant",
+    "dequantize",
     "dequant_linear",
     "dequant_linear_dx",
     "grouped_dequant_linear",

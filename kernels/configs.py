@@ -36,23 +36,25 @@ class TileConfig:
             raise ValueError(f"TileConfig.split_k must be >= 0, got {self.split_k}")
 
 
-# Forward (kind "fwd") and dX ("dx") configs by M bucket: (max M, config). Decode buckets split the
-# reduction so that a GEMV-sized grid still fills every SM while streaming the packed bytes.
+# Forward (kind "fwd") and dX ("dx") configs by M bucket: (max M, config), picked from the H200 sweep
+# in bench/kernels.py. Decode buckets split the reduction so that a GEMV-sized grid still fills every
+# SM while streaming the packed bytes. Large M wants tall tiles: each decoded weight tile then serves
+# 256 rows, which amortizes the decode work against the tensor-core work.
 _FAST: dict[str, tuple[tuple[int, TileConfig], ...]] = {
     "fwd": (
         (16, TileConfig(16, 64, 256, num_warps=4, num_stages=4, swap_ab=True, split_k=0)),
-        (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4, swap_ab=True, split_k=0)),
-        (256, TileConfig(64, 128, 64, num_warps=4, num_stages=4, swap_ab=True)),
-        (1 << 62, TileConfig(128, 128, 64, num_warps=8, num_stages=3, swap_ab=True)),
+        (64, TileConfig(64, 128, 128, num_warps=8, num_stages=4, swap_ab=True, split_k=0)),
+        (256, TileConfig(128, 64, 128, num_warps=4, num_stages=4, swap_ab=True)),
+        (1 << 62, TileConfig(256, 128, 64, num_warps=8, num_stages=4, swap_ab=True)),
     ),
     "dx": (
         (16, TileConfig(16, 64, 128, num_warps=4, num_stages=4, swap_ab=True, split_k=0)),
-        (64, TileConfig(64, 64, 128, num_warps=4, num_stages=4, swap_ab=True, split_k=0)),
-        (256, TileConfig(64, 128, 64, num_warps=4, num_stages=4, swap_ab=True)),
-        (1 << 62, TileConfig(128, 128, 64, num_warps=8, num_stages=3, swap_ab=True)),
+        (64, TileConfig(64, 128, 128, num_warps=8, num_stages=4, swap_ab=True, split_k=0)),
+        (256, TileConfig(128, 64, 128, num_warps=4, num_stages=4, swap_ab=True)),
+        (1 << 62, TileConfig(256, 128, 64, num_warps=8, num_stages=3, swap_ab=True)),
     ),
 }
-# Grouped MoE: M is the mean rows per active expert; split-K is never used there.
+# Grouped MoE: M is the mean rows per expert, and split-K is never used there.
 _FAST["grouped_fwd"] = tuple((m, replace(c, split_k=1)) for m, c in _FAST["fwd"])
 _FAST["grouped_dx"] = tuple((m, replace(c, split_k=1)) for m, c in _FAST["dx"])
 
@@ -73,6 +75,10 @@ def pick_config(kind: str, m: int, device: torch.device) -> TileConfig:
         return _INVARIANT
     return next(cfg for bound, cfg in _FAST[kind] if m <= bound)
 
+
+# Decode int4 with the packed-bf16 PTX path when activations are bf16 (see dequant.py); set False to
+# force the generic fp32 decoder, e.g. to compare the two bit for bit.
+FAST_INT4 = True
 
 _SM_COUNT: dict[int, int] = {}
 

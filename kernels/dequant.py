@@ -1,4 +1,4 @@
-"""In-register decoders: turn one tile of a packed weight into float32 values.
+"""In-register decoders: turn one tile of a packed weight into float32 (or bf16) values.
 
 Every kernel reads weights only through `load_scales` + `dequant_tile`, so forward, dX, decode and
 grouped MoE see bit-identical dequantized values (the "one path" invariant). The tile is
@@ -17,19 +17,75 @@ _MAGIC_INT4 = tl.constexpr(8388616.0)  # 2**23 + 8: also removes the +8 offset o
 
 
 @triton.jit
-def _unpack(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: tl.constexpr,
-            PER: tl.constexpr, BITS: tl.constexpr, K_EVEN: tl.constexpr):
-    """int32 [ROWS, BK]: the BITS-wide fields of W[rows, k0:k0+BK], PER fields per stored word
-    (field j of a word sits at bits j*BITS); entries outside the matrix are 0."""
+def _load_words(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: tl.constexpr,
+                PER: tl.constexpr, K_EVEN: tl.constexpr):
+    """[ROWS, BK // PER] stored words holding W[rows, k0:k0+BK] (PER values each); 0 outside the matrix."""
     cols = k0 // PER + tl.arange(0, BK // PER)
     if K_EVEN:  # no K mask: it would cap the vector width of the (async) loads
         mask = (rows[:, None] < N) & (cols[None, :] >= 0)
     else:
         mask = (rows[:, None] < N) & (cols[None, :] < n_words)
-    words = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0).to(tl.int32)
+    return tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0)
+
+
+@triton.jit
+def _unpack(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: tl.constexpr,
+            PER: tl.constexpr, BITS: tl.constexpr, K_EVEN: tl.constexpr):
+    """int32 [ROWS, BK]: the BITS-wide fields of W[rows, k0:k0+BK], PER fields per stored word
+    (field j of a word sits at bits j*BITS); entries outside the matrix are 0."""
+    words = _load_words(w_ptr, rows, k0, N, n_words, stride_wn, ROWS, BK, PER, K_EVEN).to(tl.int32)
     shifts = tl.arange(0, PER) * BITS
     fields = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
     return tl.reshape(fields, (ROWS, BK))
+
+
+# int4 -> bf16 two values per instruction (GPU only: the interpreter cannot run PTX). OR-ing a nibble n
+# into the mantissa of bf16 128.0 (0x4300) gives 128 + n exactly; lop3 does that for nibbles j and j+4
+# of a word at once (they sit 16 bits apart), an fma subtracts 136 (exact: q = n - 8), and a second fma
+# multiplies by the scale with one rounding: bit-identical to rounding the exact fp32 product q * s.
+_INT4_BF16_ASM = tl.constexpr("""
+{
+.reg .b32 t0, t1, t2, t3, w, s2, one, off, nz;
+mov.b32 s2, {$9, $9};
+mov.b32 one, 0x3F803F80;
+mov.b32 off, 0xC308C308;
+mov.b32 nz, 0x80008000;
+lop3.b32 t0, $8, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 w, $8, 4;
+lop3.b32 t1, w, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 w, $8, 8;
+lop3.b32 t2, w, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 w, $8, 12;
+lop3.b32 t3, w, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 t0, t0, one, off;
+fma.rn.bf16x2 t1, t1, one, off;
+fma.rn.bf16x2 t2, t2, one, off;
+fma.rn.bf16x2 t3, t3, one, off;
+fma.rn.bf16x2 t0, t0, s2, nz;
+fma.rn.bf16x2 t1, t1, s2, nz;
+fma.rn.bf16x2 t2, t2, s2, nz;
+fma.rn.bf16x2 t3, t3, s2, nz;
+mov.b32 {$0, $4}, t0;
+mov.b32 {$1, $5}, t1;
+mov.b32 {$2, $6}, t2;
+mov.b32 {$3, $7}, t3;
+}
+""")
+
+
+@triton.jit
+def _int4_to_bf16(words, word_scales, ROWS: tl.constexpr, BK: tl.constexpr):
+    """words: int32 [ROWS, BK // 8] of 8 nibbles; word_scales: bf16 [ROWS, BK // 8] -> bf16 [ROWS, BK]."""
+    o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+        _INT4_BF16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, word_scales],
+        dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16,
+               tl.bfloat16),
+        is_pure=True, pack=1)
+    # Interleave so that nibble j of word c lands at column 8c + j: join adds a minor dim, so pairing
+    # (j, j+4), then (j, j+2), then (j, j+1) yields dims (d1, d2, d3) holding nibble 4*d1 + 2*d2 + d3.
+    lo = tl.join(tl.join(o0, o4), tl.join(o2, o6))
+    hi = tl.join(tl.join(o1, o5), tl.join(o3, o7))
+    return tl.reshape(tl.join(lo, hi), (ROWS, BK))
 
 
 @triton.jit
@@ -87,28 +143,37 @@ def load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, gscale, FMT: tl.co
 
 
 @triton.jit
-def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr,
-                 ROWS: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, K_EVEN: tl.constexpr):
-    """float32 [ROWS, BK] = W[rows, k0:k0+BK], zero outside the matrix; `scales` from load_scales.
+def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, ROWS: tl.constexpr,
+                 BK: tl.constexpr, GROUP: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr):
+    """[ROWS, BK] = W[rows, k0:k0+BK], zero outside the matrix; `scales` from load_scales.
 
+    float32, or bf16 when FAST_INT4 (int4 only, GPU only): both give the same bf16 values.
     FMT is one of formats.INT4 / FP8 / MXFP4 / NVFP4. K_EVEN: K % BK == 0, so no tile crosses K.
     """
-    if FMT == 0:  # int4: q + 8 in 4-bit fields, 8 per int32
-        nib = _unpack(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, 4, K_EVEN)
-        vals = (nib | _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC_INT4
-    elif FMT == 1:  # fp8 e4m3
-        cols = k0 + tl.arange(0, BK)
-        if K_EVEN:
-            mask = (rows[:, None] < N) & (cols[None, :] >= 0)
+    if FAST_INT4:
+        words = _load_words(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, K_EVEN)
+        if BK >= GROUP:  # one scale per word (a word's 8 values never straddle a group)
+            word_scales = _expand_groups(scales, ROWS, BK // 8, GROUP // 8)
         else:
-            mask = (rows[:, None] < N) & (cols[None, :] < K)
-        # (no `other=` for fp8 pointers; zero the masked lanes after the conversion instead)
-        vals = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask).to(tl.float32)
-        vals = tl.where(mask, vals, 0.0)
-    else:  # mxfp4 / nvfp4: e2m1 codes, low nibble first
-        vals = _e2m1_to_f32(_unpack(w_ptr, rows, k0, N, K // 2, stride_wn, ROWS, BK, 2, 4, K_EVEN))
-    if BK >= GROUP:
-        w = vals * _expand_groups(scales, ROWS, BK, GROUP)
+            word_scales = tl.broadcast_to(scales, (ROWS, BK // 8))
+        w = _int4_to_bf16(words, word_scales.to(tl.bfloat16), ROWS, BK)
     else:
-        w = vals * scales
+        if FMT == 0:  # int4: q + 8 in 4-bit fields, 8 per int32
+            nib = _unpack(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, 4, K_EVEN)
+            vals = (nib | _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC_INT4
+        elif FMT == 1:  # fp8 e4m3
+            cols = k0 + tl.arange(0, BK)
+            if K_EVEN:
+                mask = (rows[:, None] < N) & (cols[None, :] >= 0)
+            else:
+                mask = (rows[:, None] < N) & (cols[None, :] < K)
+            # (no `other=` for fp8 pointers; zero the masked lanes after the conversion instead)
+            vals = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask).to(tl.float32)
+            vals = tl.where(mask, vals, 0.0)
+        else:  # mxfp4 / nvfp4: e2m1 codes, low nibble first
+            vals = _e2m1_to_f32(_unpack(w_ptr, rows, k0, N, K // 2, stride_wn, ROWS, BK, 2, 4, K_EVEN))
+        if BK >= GROUP:
+            w = vals * _expand_groups(scales, ROWS, BK, GROUP)
+        else:
+            w = vals * scales
     return w

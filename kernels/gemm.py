@@ -14,9 +14,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import configs
 from .configs import TileConfig, auto_split, pick_config
 from .dequant import dequant_tile, load_scales
-from .formats import PackedWeight
+from .formats import INT4, PackedWeight
 
 
 @triton.jit
@@ -24,7 +25,7 @@ def tile_mainloop(a_ptr, stride_am, stride_ar, offs_m, m_ok, w_ptr, s_ptr, gs_pt
                   p0, r_lo, r_hi, R, N, K, n_groups,
                   FMT: tl.constexpr, GROUP: tl.constexpr, DX: tl.constexpr, SWAP: tl.constexpr,
                   BM: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr,
-                  K_EVEN: tl.constexpr):
+                  K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr):
     """fp32 accumulator of a[offs_m, r_lo:r_hi] @ B[r_lo:r_hi, p0:p0+BP]; [BP, BM] if SWAP else [BM, BP].
 
     r_lo is a multiple of BR, so weight tiles stay aligned to scale groups.
@@ -57,11 +58,11 @@ def tile_mainloop(a_ptr, stride_am, stride_ar, offs_m, m_ok, w_ptr, s_ptr, gs_pt
         if DX:
             s_next = load_scales(s_ptr, offs_r + BR, p0, n_next, n_groups, stride_sn, gscale,
                                  FMT, BR, BP, GROUP, K_EVEN)
-            wt = dequant_tile(w_ptr, scales, offs_r, p0, N, K, stride_wn, FMT, BR, BP, GROUP, K_EVEN)
+            wt = dequant_tile(w_ptr, scales, offs_r, p0, N, K, stride_wn, FMT, BR, BP, GROUP, K_EVEN, FAST_INT4)
         else:
             s_next = load_scales(s_ptr, offs_p, r0 + BR, n_next, n_groups, stride_sn, gscale,
                                  FMT, BP, BR, GROUP, K_EVEN)
-            wt = dequant_tile(w_ptr, scales, offs_p, r0, N, K, stride_wn, FMT, BP, BR, GROUP, K_EVEN)
+            wt = dequant_tile(w_ptr, scales, offs_p, r0, N, K, stride_wn, FMT, BP, BR, GROUP, K_EVEN, FAST_INT4)
         wt = wt.to(a_ptr.dtype.element_ty)
         if SWAP:
             a_t = tl.load(a_rows[None, :] + offs_r[:, None] * stride_ar,
@@ -100,7 +101,7 @@ def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                   stride_am, stride_ar, stride_wn, stride_sn, stride_om, stride_op,
                   FMT: tl.constexpr, GROUP: tl.constexpr, DX: tl.constexpr, SWAP: tl.constexpr,
                   SPLIT: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
-                  GROUP_M: tl.constexpr, PREC: tl.constexpr, K_EVEN: tl.constexpr):
+                  GROUP_M: tl.constexpr, PREC: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
@@ -121,7 +122,7 @@ def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
     r_hi = min(r_lo + r_per_split, R)
     acc = tile_mainloop(a_ptr, stride_am, stride_ar, offs_m, m_ok, w_ptr, s_ptr, gs_ptr, stride_wn, stride_sn,
                         pid_p * BP, r_lo, r_hi, R, N, K, n_groups, FMT, GROUP, DX, SWAP, BM, BP, BR, PREC,
-                        K_EVEN)
+                        K_EVEN, FAST_INT4)
     if not SPLIT:
         ptrs, mask = tile_ptrs(out_ptr, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP)
         tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -143,6 +144,8 @@ def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
             tl.atomic_xchg(cnt_ptr + pid, 0)  # re-arm the ticket for the next launch
 
 
+# Kernels decorated while TRITON_INTERPRET=1 was set run on the CPU through Triton's interpreter.
+INTERPRETED = type(_dense_kernel).__name__ == "InterpretedFunction"
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _TICKETS: dict[tuple[torch.device, int], Tensor] = {}
 
@@ -175,6 +178,11 @@ def check_activation(a: Tensor, w: PackedWeight, dx: bool, what: str) -> None:
 def k_even(w: PackedWeight, cfg: TileConfig, dx: bool) -> bool:
     """Whether K is a multiple of the tile's K extent (block_p for dX, block_r forward)."""
     return w.k % (cfg.block_p if dx else cfg.block_r) == 0
+
+
+def fast_int4(w: PackedWeight, dtype: torch.dtype) -> bool:
+    """Whether to decode int4 with the packed-bf16 PTX path (bf16 activations, compiled kernels only)."""
+    return configs.FAST_INT4 and w.fmt.code == INT4 and dtype == torch.bfloat16 and not INTERPRETED
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -216,7 +224,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         a2.stride(0), a2.stride(1), w.values.stride(0), w.scale.stride(0), out.stride(0), out.stride(1),
         FMT=w.fmt.code, GROUP=w.group, DX=dx, SWAP=cfg.swap_ab, SPLIT=split > 1,
         BM=cfg.block_m, BP=cfg.block_p, BR=cfg.block_r, GROUP_M=cfg.group_m, PREC=dot_precision(a.dtype),
-        K_EVEN=k_even(w, cfg, dx),
+        K_EVEN=k_even(w, cfg, dx), FAST_INT4=fast_int4(w, a.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out.reshape(*lead, p)

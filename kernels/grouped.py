@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .configs import TileConfig, pick_config
 from .formats import PackedWeight
-from .gemm import check_activation, dot_precision, k_even, tile_mainloop, tile_ptrs
+from .gemm import check_activation, dot_precision, fast_int4, k_even, tile_mainloop, tile_ptrs
 
 
 @triton.jit
@@ -24,7 +24,7 @@ def _grouped_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, tile_expert_ptr, tile_
                     stride_am, stride_ar, stride_we, stride_wn, stride_se, stride_sn, stride_om, stride_op,
                     FMT: tl.constexpr, GROUP: tl.constexpr, DX: tl.constexpr, SWAP: tl.constexpr,
                     BM: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr,
-                    K_EVEN: tl.constexpr):
+                    K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr):
     # P tiles vary fastest: the programs of one row tile run together and share its activations in L2,
     # and the next row tiles of the same expert then find that expert's weight tiles in L2.
     pid = tl.program_id(0)
@@ -41,7 +41,7 @@ def _grouped_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, tile_expert_ptr, tile_
         acc = tile_mainloop(a_ptr, stride_am, stride_ar, offs_m, m_ok,
                             w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, gs_ptr + e,
                             stride_wn, stride_sn, pid_p * BP, 0, R, R, N, K, n_groups,
-                            FMT, GROUP, DX, SWAP, BM, BP, BR, PREC, K_EVEN)
+                            FMT, GROUP, DX, SWAP, BM, BP, BR, PREC, K_EVEN, FAST_INT4)
         offs_p = pid_p * BP + tl.arange(0, BP)
         ptrs, mask = tile_ptrs(out_ptr, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP)
         tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -109,7 +109,7 @@ def grouped_gemm(a: Tensor, expert_offsets: Tensor, w: PackedWeight, dx: bool,
         a.stride(0), a.stride(1), w.values.stride(0), w.values.stride(1),
         w.scale.stride(0), w.scale.stride(1), out.stride(0), out.stride(1),
         FMT=w.fmt.code, GROUP=w.group, DX=dx, SWAP=cfg.swap_ab, BM=cfg.block_m, BP=cfg.block_p,
-        BR=cfg.block_r, PREC=dot_precision(a.dtype), K_EVEN=k_even(w, cfg, dx),
+        BR=cfg.block_r, PREC=dot_precision(a.dtype), K_EVEN=k_even(w, cfg, dx), FAST_INT4=fast_int4(w, a.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -15,15 +15,11 @@ from torch import Tensor
 
 from .configs import TileConfig
 from .formats import resolve
-from .gemm import _dense_kernel, dense_gemm
+from .gemm import INTERPRETED, dense_gemm
 from .grouped import grouped_gemm
 
 if TYPE_CHECKING:  # the quant package imports these kernels, not the other way round
     from orbit_lightning.quant.formats import QuantFormat
-
-# Kernels decorated while TRITON_INTERPRET=1 was set run on the CPU through Triton's interpreter.
-_INTERPRETED = type(_dense_kernel).__name__ == "InterpretedFunction"
-
 
 def kernels_available(device: torch.device | str) -> bool:
     """True when these kernels can run on `device`: a CUDA GPU of compute capability >= 8.0 (bf16
@@ -31,7 +27,7 @@ def kernels_available(device: torch.device | str) -> bool:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
-    return device.type == "cpu" and _INTERPRETED
+    return device.type == "cpu" and INTERPRETED
 
 
 def dequant_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,

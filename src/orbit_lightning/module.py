@@ -117,9 +117,15 @@ class RLModule(L.LightningModule):
         g = self.rollout_cfg.group_size
         outputs = self.generate(items, g, self.rollout_cfg.temperature, salt=self.rl_step)
         prompts, comps, lps, texts, meta, versions, prompt_txt = [], [], [], [], [], [], []
+        rejected = [(it, out.error) for it, out in zip(items, outputs, strict=True) if getattr(out, "error", None)]
+        for it, err in rejected:  # e.g. a prompt longer than the context: skip it, keep the run going
+            log.warning("rl_step %d: prompt %s rejected by the rollout engine: %s", self.rl_step, it["index"], err)
+        if len(rejected) == len(items):
+            raise ValueError(f"every prompt of rl_step {self.rl_step} was rejected by the rollout engine, e.g. "
+                             f"{rejected[0][1]}; check data.max_prompt_tokens against the model's context")
         for it, out in zip(items, outputs, strict=True):
             if getattr(out, "error", None):
-                raise ValueError(f"prompt {it['index']} was rejected by the rollout engine: {out.error}")
+                continue
             for c in out.outputs:
                 prompts.append(it["prompt_ids"])
                 comps.append(list(c.token_ids))
@@ -137,6 +143,7 @@ class RLModule(L.LightningModule):
         exp.loss_mask = cmask * valid[:, None].float()
         n_valid = max(int(valid.sum()), 1)
         metrics = {"reward/mean": float(result.rewards[valid].sum()) / n_valid,
+                   "rollout/rejected_prompts": float(len(rejected)),
                    "reward/failed_fraction": 1.0 - valid.float().mean().item(),
                    "response/length_mean": cmask.sum(-1).mean().item(),
                    "response/length_max": cmask.sum(-1).max().item()}

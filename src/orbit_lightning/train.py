@@ -38,7 +38,7 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
         EvalCallback(eval_items, every_n_steps=cfg.trainer.eval_every, k=cfg.rollout.eval_k,
                      max_items=cfg.trainer.eval_max_items, output_dir=str(run_dir)),
         ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.trainer.checkpoint_every * opt_steps,
-                        save_last=True, save_top_k=1, filename="step{step}"),
+                        save_last=True, save_top_k=1, filename="{step}"),
         FailSafe(ckpt_dir),
     ]
     return L.Trainer(

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from orbit_lightning import kernels
+from orbit_lightning.quant.formats import get_format
 from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
 
 pytestmark = [
@@ -29,6 +30,18 @@ def _randn(*shape, seed=0):
 
 def test_available():
     assert kernels.kernels_available("cuda")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("fmt", list(SHAPES))
+def test_dequantize_bf16_is_bit_exact(fmt, fast, monkeypatch):
+    # Both sides round the exact fp32 product value * scale once to bf16; for int4 `fast` switches
+    # between the packed-bf16 PTX decoder and the generic fp32 one.
+    monkeypatch.setattr(kernels.configs, "FAST_INT4", fast)
+    f = get_format(fmt)
+    for shape in (SHAPES[fmt], (3, *SHAPES[fmt])):
+        packed = f.random_packed(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        assert torch.equal(kernels.dequantize(fmt, packed), f.dequantize(packed, torch.bfloat16))
 
 
 @pytest.mark.parametrize("fmt", list(SHAPES))
@@ -112,4 +125,6 @@ def test_rms_norm_rows_are_batch_invariant():
     full = kernels.rms_norm(x, w)
     assert torch.equal(kernels.rms_norm(x[100:101], w), full[100:101])
     ref = w.double() * (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
-    assert ((full.double() - ref).abs() <= 2.0**-7 * ref.abs() + 1e-6).all()
+    # fp32 vs fp64 statistics may flip the bf16 rounding of the normalized value (one ulp, <= 2^-7
+    # relative), and the output rounds once more (2^-9).
+    assert ((full.double() - ref).abs() <= 2.0**-6 * ref.abs() + 1e-6).all()

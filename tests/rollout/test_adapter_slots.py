@@ -93,10 +93,8 @@ def test_bad_stage_and_activate_leave_the_active_slot_untouched():
     missing.pop(key)
     with pytest.raises(ValueError, match="missing"):
         engine.stage_adapter(1, missing)
-    with pytest.raises(KeyError, match="never staged"):
+    with pytest.raises(KeyError, match="version 1 is not staged"):
         engine.activate_adapter(1)
-    with pytest.raises(ValueError, match="already active"):
-        engine.stage_adapter(0, good)
     with pytest.raises(TypeError, match="must be an int"):
         engine.stage_adapter("v1", good)
 
@@ -105,6 +103,9 @@ def test_bad_stage_and_activate_leave_the_active_slot_untouched():
     assert engine.adapter_version == 0 and engine.slots.version["slot1"] is None
     after = engine.generate(p, SHORT)[0].outputs[0]
     assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
+    with model.disable_adapter():  # the engine always decodes the recorded version's policy, adapter on
+        inside = engine.generate(p, SHORT)[0].outputs[0]
+    assert inside.logprobs == before.logprobs
 
 
 def test_model_without_adapter_has_no_versions():
@@ -114,3 +115,20 @@ def test_model_without_adapter_has_no_versions():
     assert out.adapter_version is None and out.adapter_versions == [None] * 6
     with pytest.raises(ValueError, match="no adapter"):
         engine.stage_adapter(1, {})
+
+
+def test_restaging_the_active_version_number_switches_to_the_new_weights():
+    """A resumed run pushes the trainer's adapter under the version number the engine already serves."""
+    model = lora_model("tiny-qwen3")
+    engine = RolloutEngine(model, kv_budget_bytes=1 << 20)
+    p = prompts(256, [5], seed=16)
+    before = engine.generate(p, SHORT)[0].outputs[0]
+    engine.activate_adapter(0)  # already active, nothing staged: a no-op
+    new = random_adapter_state(model, 8)
+    engine.stage_adapter(0, new)
+    engine.activate_adapter(0)
+    after = engine.generate(p, SHORT)[0].outputs[0]
+    assert after.adapter_version == 0 and after.logprobs != before.logprobs
+    assert max_logprob_diff(model, p[0], after, adapter=new) <= LOGPROB_TOL
+    with pytest.raises(KeyError, match="not staged"):
+        engine.activate_adapter(3)

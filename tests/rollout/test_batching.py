@@ -93,12 +93,26 @@ def test_text_prompts_and_stop_strings_with_a_tokenizer():
     model = load_model("tiny-qwen3", dtype=torch.float32, vocab_size=tok.vocab_size)
     engine = RolloutEngine(model, tok, kv_budget_bytes=BIG)
     full = engine.generate(["12+3="], SamplingParams(temperature=0, max_new_tokens=16, ignore_eos=True))[0]
-    text = full.outputs[0].text
-    assert len(text) == 16  # no special tokens were generated: character i of the text is token i
+    toks, text = full.outputs[0].token_ids, full.outputs[0].text
     assert full.prompt == "12+3=" and full.prompt_token_ids == tok.encode("12+3=")
-    assert text == tok.decode(full.outputs[0].token_ids)
-    stop = text[5:7]  # generation must end on the token that completes this string's first occurrence
-    first = text.index(stop)
+    assert text == tok.decode(toks)
+    stop = text[5:7]
+    # Generation must end on the token whose decoded prefix first contains the stop string.
+    cut = next(i for i in range(len(toks)) if stop in tok.decode(toks[: i + 1])) + 1
     out = engine.generate(["12+3="], SamplingParams(temperature=0, max_new_tokens=16, stop=[stop]))[0].outputs[0]
     assert (out.finish_reason, out.stop_reason) == ("stop", stop)
-    assert out.token_ids == full.outputs[0].token_ids[: first + len(stop)]
+    assert out.token_ids == toks[:cut] and cut < 16
+    bad = engine.generate(["12+3=", "ABC"], SamplingParams(temperature=0, max_new_tokens=3))
+    assert bad[0].error is None and "cannot encode" in bad[1].error and bad[1].prompt == "ABC"
+
+
+def test_samples_of_a_request_that_just_fits_the_cache_run_one_after_another():
+    model = lora_model("tiny-qwen3")
+    prompt = prompts(256, [25], seed=7)[0]
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=3, seed=2, ignore_eos=True)
+    want = RolloutEngine(model, kv_budget_bytes=BIG, block_size=4).generate([prompt], params)[0]
+    # 7 usable blocks of 4 = 28 tokens: one sample (25 + 3) fits exactly, two cannot share the cache.
+    tight = RolloutEngine(model, kv_budget_bytes=8 * 4 * 512, block_size=4)
+    got = tight.generate([prompt], params)[0]
+    assert got.error is None and [c.token_ids for c in got.outputs] == [c.token_ids for c in want.outputs]
+    assert tight.peak_used_blocks == 7

@@ -5,7 +5,7 @@ Two frozen slots, "slot0" and "slot1", live beside the trainer's "train" slot in
 
 - `stage(version, tensors)` copies a full adapter state into the *inactive* slot (device to device when
   colocated). It never touches the active slot, so decoding continues undisturbed.
-- `activate(version)` makes the slot holding `version` the active one. The engine calls it between steps,
+- `activate(version)` makes the slot staged with `version` the active one. The engine calls it between steps,
   so a forward never sees a half-switched model.
 
 Policy for sequences in flight when a new version is activated:
@@ -15,7 +15,8 @@ Policy for sequences in flight when a new version is activated:
 - "switch": they move to the new version at the next step (their cached k/v stay those of the old version);
   the old slot is free at once. Each sample records the version of every token (`adapter_versions`).
 
-A model without an adapter has no slots: versions are None and forwards run the base.
+A model without an adapter has no slots: versions are None and forwards run the base. The slots belong to the
+model, so one engine at a time should serve a model (a second one would share and re-initialise them).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class AdapterSlots:
         self.version: dict[str, int | None] = dict.fromkeys(SLOTS)
         self.users: dict[str, int] = dict.fromkeys(SLOTS, 0)
         self.active = SLOTS[0]
+        self.staged: int | None = None  # version in the inactive slot that was staged and not yet activated
         if self.enabled:
             # Start by serving a copy of the trainer's current adapter, so that optimizer steps on the "train"
             # slot never change what the engine decodes with.
@@ -73,8 +75,6 @@ class AdapterSlots:
         self._require_adapter("stage_adapter")
         if not isinstance(version, int) or isinstance(version, bool):
             raise TypeError(f"adapter version must be an int, got {version!r}")
-        if version == self.active_version:
-            raise ValueError(f"adapter version {version} is already active; stage a new version number")
         target = self.inactive
         if self.users[target]:
             raise AdapterSlotBusy(
@@ -84,17 +84,19 @@ class AdapterSlots:
             )
         copy_into_slot(self.model, target, tensors)  # validates every key and shape before writing anything
         self._set_version(target, version)
+        self.staged = version
 
     def activate(self, version: int) -> bool:
-        """-> True when the active slot changed (False: `version` was already active)."""
+        """Switch to the slot staged with `version` -> True; False if nothing is staged and `version` is already
+        active (re-staging the active version number, e.g. a resumed run's first push, does switch)."""
         self._require_adapter("activate_adapter")
+        if self.staged is not None and self.staged == version:
+            self.active, self.staged = self.inactive, None
+            return True
         if version == self.active_version:
             return False
-        if self.version[self.inactive] != version:
-            raise KeyError(f"adapter version {version!r} was never staged (active: {self.active_version}, "
-                           f"staged: {self.version[self.inactive]}); call stage_adapter({version!r}, state) first")
-        self.active = self.inactive
-        return True
+        raise KeyError(f"adapter version {version!r} is not staged (active: {self.active_version}, staged: "
+                       f"{self.staged}); call stage_adapter({version!r}, state) first")
 
     def bind(self) -> str | None:
         """A starting sequence takes the active slot -> the slot name (None without an adapter)."""
@@ -107,9 +109,20 @@ class AdapterSlots:
         if slot is not None:
             self.users[slot] -= 1
 
+    @contextlib.contextmanager
     def use(self, slot: str | None):
-        """Context in which forwards read `slot`."""
-        return use_slot(self.model, slot) if slot is not None else contextlib.nullcontext()
+        """Context in which forwards read `slot`, adapters on: a sample is always the policy of its recorded
+        version, even when the engine is driven inside `model.disable_adapter()` (CUDA graphs rely on it too)."""
+        if slot is None:
+            yield
+            return
+        state = adapter_state(self.model)
+        prev, state.enabled = state.enabled, True
+        try:
+            with use_slot(self.model, slot):
+                yield
+        finally:
+            state.enabled = prev
 
     def _set_version(self, slot: str, version: int | None) -> None:
         self.version[slot] = version

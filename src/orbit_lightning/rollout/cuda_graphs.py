@@ -43,14 +43,17 @@ def capture_blocker(model: nn.Module, device: torch.device) -> str | None:
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[..., Tensor], max_batch_size: int, max_width: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, forward: Callable[..., Tensor], max_batch_size: int, max_width: int, device: torch.device):
         self.forward = forward  # (ids, positions, slots, block_tables, context_lens) -> hidden [b, D]
         self.buckets = batch_buckets(max_batch_size)
-        self.max_width, self.hidden_size, self.dtype, self.device = max_width, hidden_size, dtype, device
+        self.max_width, self.device = max_width, device
         self.pool = torch.cuda.graph_pool_handle()
         self._inputs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
         self._graphs: dict[tuple[str | None, int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+
+    @property
+    def num_captured(self) -> int:
+        return len(self._graphs)
 
     def fits(self, batch: int, width: int) -> bool:
         return batch <= self.buckets[-1] and width <= self.max_width
@@ -78,7 +81,8 @@ class DecodeGraphs:
                 self.forward(*static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: other threads (the trainer, the async front end) may use CUDA during a capture.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = self.forward(*static)
         return graph, out
 

@@ -30,14 +30,18 @@ from .sequence import Request, Sequence, check_stop
 
 
 class RolloutEngine:
-    """Generates with `model` (a `CausalLM`, optionally quantized and with an adapter).
+    """Generates with `model` (a `CausalLM`, optionally on a packed base and with an adapter), in place: the
+    engine adds two adapter slots to the model and a KV cache beside it, and copies no base weight.
 
-    KV memory: `kv_budget_bytes`, or `kv_fraction` of the device's free memory, or by default what
-    `max_batch_size` sequences of `max_model_len` tokens need, capped at half the free memory.
-    `max_prefill_tokens` bounds the padded tokens of one prefill forward (activation memory).
-    `deterministic=True` runs every forward in the kernels' batch-invariant mode
-    (`orbit_lightning.kernels.batch_invariant`), so that a row's numbers do not depend on its batch; exact
-    train/rollout equality additionally needs a batch-invariant attention, which the kernels issue provides.
+    - KV memory: `kv_budget_bytes`, or `kv_fraction` of the device's free memory, or by default what
+      `max_batch_size` sequences of `max_model_len` tokens need, capped at half the free memory.
+      `block_size` tokens per block; `max_model_len` (default: the model's) bounds prompt + completion.
+    - `max_batch_size` sequences decode at once; `max_prefill_tokens` bounds the padded tokens of one prefill
+      forward (activation memory). `cuda_graphs` captures decode on CUDA for models that allow it (not MoE yet).
+    - `adapter_policy`: "finish" (in-flight sequences finish on their version) or "switch"; see adapter_slots.
+    - `deterministic=True` runs every forward in the kernels' batch-invariant mode
+      (`orbit_lightning.kernels.batch_invariant`), so that a row's numbers do not depend on its batch; exact
+      train/rollout equality additionally needs a batch-invariant attention, which the kernels issue provides.
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, *, kv_budget_bytes: int | None = None,
@@ -67,12 +71,11 @@ class RolloutEngine:
         self.runner = ModelRunner(model, self.cache, max_blocks, None)
         self.graphs_disabled_reason = "cuda_graphs=False" if not cuda_graphs else capture_blocker(model, self.device)
         if self.graphs_disabled_reason is None:
-            self.runner.graphs = DecodeGraphs(self.runner.decode_hidden, max_batch_size, max_blocks,
-                                              cfg.hidden_size, embed.dtype, self.device)
+            self.runner.graphs = DecodeGraphs(self.runner.decode_hidden, max_batch_size, max_blocks, self.device)
         self._mode = _batch_invariant_mode() if deterministic else contextlib.nullcontext
         self.deterministic = deterministic
         self._requests: dict[str, Request] = {}
-        self._rejected: list[Request] = []  # answered (error / nothing to generate) at the next step
+        self._to_report: list[Request] = []  # rejected, empty or aborted: answered at the next step
         self._arrivals = itertools.count()
         self._lock = threading.RLock()
         self.peak_used_blocks = 0
@@ -112,7 +115,7 @@ class RolloutEngine:
                 if not req.error:
                     req.samples = [Sequence(req, j, None, list(req.prompt_token_ids), finish_reason="length")
                                    for j in range(params.n)]
-                self._rejected.append(req)
+                self._to_report.append(req)
                 return rid
             req.samples = [Sequence(req, j, self._generator(params, j), list(req.prompt_token_ids))
                            for j in range(params.n)]
@@ -126,7 +129,11 @@ class RolloutEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 return "text prompts need a tokenizer: pass RolloutEngine(model, tokenizer=...) or token ids"
-            req.prompt, prompt = prompt, self.tokenizer.encode(prompt)
+            req.prompt = prompt
+            try:
+                prompt = self.tokenizer.encode(prompt)
+            except (ValueError, KeyError, TypeError) as e:
+                return f"the tokenizer cannot encode this prompt: {e}"
         try:
             req.prompt_token_ids = [operator.index(t) for t in prompt]
         except TypeError:
@@ -166,10 +173,10 @@ class RolloutEngine:
             for s in req.samples:
                 if s.finish_reason is None:
                     self._finish(s, "abort")
-            self._rejected.append(req)
+            self._to_report.append(req)
 
     def has_unfinished(self) -> bool:
-        return bool(self._rejected) or self.scheduler.has_work()
+        return bool(self._to_report) or self.scheduler.has_work()
 
     # ---- adapter versions --------------------------------------------------------------------------
 
@@ -197,14 +204,16 @@ class RolloutEngine:
 
     # ---- stepping ----------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """Run one scheduling step -> outputs of the requests that changed (finished ones for the last time)."""
+    def step(self, stream: bool = True) -> list[RequestOutput]:
+        """Run one scheduling step -> outputs of the requests that changed (finished ones for the last time).
+        `stream=False` returns only the requests that finished, skipping the per-step snapshots of the others."""
         with self._lock:
             outs = []
             for req in self._step():
-                outs.append(req.output(self.tokenizer))
                 if req.finished:
                     del self._requests[req.request_id]
+                if stream or req.finished:
+                    outs.append(req.output(self.tokenizer))
             return outs
 
     def generate(self, prompts: list[list[int]] | list[str],
@@ -223,8 +232,8 @@ class RolloutEngine:
             return [self._requests.pop(rid).output(self.tokenizer) for rid in ids]
 
     def _step(self) -> list[Request]:
-        touched: dict[str, Request] = {r.request_id: r for r in self._rejected}
-        self._rejected = []
+        touched: dict[str, Request] = {r.request_id: r for r in self._to_report}
+        self._to_report = []
         plan = self.scheduler.schedule()
         self.peak_used_blocks = max(self.peak_used_blocks, self.allocator.num_used)
         if plan.copies:
@@ -254,12 +263,11 @@ class RolloutEngine:
 
     def _sample(self, seqs: list[Sequence], logits: Tensor) -> None:
         ps = [s.request.params for s in seqs]
-        dev = logits.device
-        tokens = sample_tokens(
+        tokens = sample_tokens(  # settings stay on the host: no extra device sync
             logits,
-            torch.tensor([p.temperature for p in ps], dtype=torch.float32, device=dev),
-            torch.tensor([p.top_k_or_off for p in ps], dtype=torch.long, device=dev),
-            torch.tensor([p.top_p for p in ps], dtype=torch.float32, device=dev),
+            torch.tensor([p.temperature for p in ps], dtype=torch.float32),
+            torch.tensor([p.top_k_or_off for p in ps], dtype=torch.long),
+            torch.tensor([p.top_p for p in ps], dtype=torch.float32),
             [s.generator for s in seqs],
         )
         lps = sampled_logprobs(logits, tokens)
@@ -281,7 +289,8 @@ class RolloutEngine:
         return dict(num_blocks=self.allocator.num_usable, free_blocks=self.allocator.num_free,
                     used_blocks=self.allocator.num_used, peak_used_blocks=self.peak_used_blocks,
                     preemptions=self.scheduler.num_preemptions, running=len(self.scheduler.running),
-                    waiting=len(self.scheduler.waiting), cuda_graphs=self.graphs_disabled_reason or "on")
+                    waiting=len(self.scheduler.waiting), cuda_graphs=self.graphs_disabled_reason or "on",
+                    graphs_captured=self.runner.graphs.num_captured if self.runner.graphs is not None else 0)
 
 
 def _by_slot(items: list, slot_of) -> dict[str | None, list]:

@@ -112,4 +112,11 @@ class PagedAttention:
         if self.block_tables is None:
             return masked_attention(q, k, v, self.allowed, scale)
         kc, vc = self.cache.gather(layer_idx, self.block_tables)
-        return masked_attention(q, kc.to(q.dtype), vc.to(q.dtype), self.allowed, scale)
+        kc, vc = kc.to(q.dtype), vc.to(q.dtype)
+        if t > 1 or q.shape[1] == h:
+            return masked_attention(q, kc, vc, self.allowed, scale)
+        # GQA decode: the `rep` query heads of a kv head become `rep` query rows against that head's keys (head
+        # i reads kv head i // rep, as in repeat_interleave), so the gathered keys are not repeated per head.
+        rep = q.shape[1] // h
+        out = masked_attention(q.reshape(b, h, rep, -1), kc, vc, self.allowed, scale)  # [B, Hkv, rep, dv]
+        return out.view(b, h * rep, 1, -1)

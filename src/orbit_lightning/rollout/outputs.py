@@ -16,7 +16,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None for EOS/length)
     adapter_version: int | None = None  # the version that produced the first token (None: model has no adapter)
     adapter_versions: list[int | None] = field(default_factory=list)  # per token; differ only under "switch"
-    text: str | None = None  # decoded token_ids when the engine has a tokenizer
+    text: str | None = None  # decoded token_ids once finished, when the engine has a tokenizer
 
     @property
     def finished(self) -> bool:

@@ -36,14 +36,12 @@ class ModelRunner:
     def prefill(self, token_lists: list[list[int]], tables: list[list[int]]) -> Tensor:
         """Compute every token of each sequence (nothing cached yet) -> logits [B, V] fp32 at each last token."""
         b, t = len(token_lists), max(len(x) for x in token_lists)
-        ids = torch.zeros(b, t, dtype=torch.long)
-        slots = torch.full((b, t), NULL_SLOT, dtype=torch.long)
-        valid = torch.zeros(b, t, dtype=torch.bool)
-        for i, (toks, table) in enumerate(zip(token_lists, tables)):
-            ids[i, : len(toks)] = torch.tensor(toks)
-            slots[i, : len(toks)] = torch.tensor([self._slot(table, p) for p in range(len(toks))])
-            valid[i, : len(toks)] = True
-        ids, slots, valid = ids.to(self.device), slots.to(self.device), valid.to(self.device)
+        pad = [t - len(x) for x in token_lists]
+        ids = torch.tensor([x + [0] * n for x, n in zip(token_lists, pad)], device=self.device)
+        slots = torch.tensor([[self._slot(table, p) for p in range(len(x))] + [NULL_SLOT] * n
+                              for x, table, n in zip(token_lists, tables, pad)], device=self.device)
+        valid = torch.arange(t, device=self.device)[None, :] < torch.tensor([len(x) for x in token_lists],
+                                                                            device=self.device)[:, None]
         pos = torch.arange(t, device=self.device).expand(b, t)  # right padding: positions start at 0
         ctx = PagedAttention.prefill(self.cache, slots, valid)
         hidden = self.model.hidden_states(ids, position_ids=pos, ctx=ctx)  # [B, T, D]
@@ -55,13 +53,11 @@ class ModelRunner:
         """One new token per sequence at `positions` (its k/v slot is reserved) -> logits [B, V] fp32."""
         b = len(tokens)
         w = width_bucket(max(len(t) for t in tables), self.max_blocks_per_seq)
-        table = torch.full((b, w), NULL_BLOCK, dtype=torch.long)
-        for i, t in enumerate(tables):
-            table[i, : len(t)] = torch.tensor(t)
+        table = torch.tensor([t + [NULL_BLOCK] * (w - len(t)) for t in tables])
         slots = [self._slot(t, p) for t, p in zip(tables, positions)]
-        inputs = (torch.tensor(tokens)[:, None], torch.tensor(positions)[:, None], torch.tensor(slots)[:, None],
-                  table, torch.tensor(positions) + 1)
-        inputs = tuple(x.to(self.device, non_blocking=True) for x in inputs)
+        # One host tensor, one copy to the device: ids, positions, slots, context lengths.
+        packed = torch.tensor([tokens, positions, slots, [p + 1 for p in positions]]).to(self.device)
+        inputs = (packed[0, :, None], packed[1, :, None], packed[2, :, None], table.to(self.device), packed[3])
         if self.graphs is not None and self.graphs.fits(b, w):
             hidden = self.graphs.run(graph_key, *inputs)
         else:

@@ -62,19 +62,23 @@ def sample_tokens(
     generators: list[torch.Generator | None],  # per row; None only for greedy rows
 ) -> Tensor:
     """-> [B] int64. Greedy rows take the argmax; the others draw by the exponential race
-    argmax(p / E), E ~ Exp(1) i.i.d., which samples exactly from p."""
+    argmax(p / E), E ~ Exp(1) i.i.d., which samples exactly from p.
+
+    The per-row settings may live on the host (the engine keeps them there): choosing rows then needs no sync
+    with the device."""
+    dev = logits.device
     tokens = logits.argmax(dim=-1)
-    rows = (temperature > 0).nonzero().flatten().tolist()
-    if not rows:
+    rows = (temperature > 0).nonzero().flatten()
+    if rows.numel() == 0:
         return tokens
-    idx = torch.tensor(rows, device=logits.device)
-    scaled = logits[idx] / temperature[idx, None]
-    k, p = top_k[idx], top_p[idx]
+    idx = rows.to(dev)
+    scaled = logits[idx] / temperature[rows].to(dev)[:, None]
+    k, p = top_k[rows], top_p[rows]
     if bool((k > 0).any()) or bool((p < 1).any()):
-        scaled = mask_top_k_top_p(scaled, k, p)
+        scaled = mask_top_k_top_p(scaled, k.to(dev), p.to(dev))
     probs = scaled.softmax(dim=-1)
     noise = torch.empty_like(probs)
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows.tolist()):
         gen = generators[row]
         if gen is None:
             raise ValueError(f"row {row} samples (temperature > 0) but has no generator")

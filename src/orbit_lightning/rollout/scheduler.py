@@ -7,11 +7,11 @@ Each step, oldest first:
    (prompt + tokens so far, one prefill) when blocks free up. Its generator and tokens are kept, so its
    output does not depend on having been preempted.
 2. if nothing was preempted, waiting sequences are admitted in arrival order while the batch has room, the
-   prefill token budget allows and their blocks (plus one block of headroom per sample) are free. The `n`
-   fresh samples of a prompt are admitted together: one is prefilled, the others share its blocks.
+   prefill token budget allows and the blocks they hold after their first decode are free. The `n` fresh
+   samples of a prompt are admitted together: one is prefilled, the others share its blocks.
 
-The oldest sequence is never a victim while another runs, and every admitted request fits the cache alone,
-so every request finishes.
+The oldest sequence is never a victim while another runs, and the engine only accepts requests whose every
+sample fits the cache alone, so every request finishes.
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ class Scheduler:
                 decode.append(seq)
                 i += 1
         prefill = [] if preempted else self._admit()
+        if self.waiting and not self.running and not preempted:
+            raise RuntimeError(f"scheduler stalled: {len(self.waiting)} waiting sequence(s) cannot start on an "
+                               f"empty cache of {self.allocator.num_usable} blocks (an admission check is wrong)")
         return StepPlan(prefill, decode, copies, preempted)
 
     def finish(self, seq: Sequence) -> None:
@@ -109,6 +112,12 @@ class Scheduler:
         self.num_preemptions += 1
         self.add([seq])
 
+    def _blocks_to_start(self, num_tokens: int, samples: int) -> int:
+        """Blocks a prefill of `num_tokens` shared by `samples` holds after each sample's first decode: the
+        prompt's blocks plus, per sample, a new block (full last block) or a private copy (partial one, which
+        the first sample may keep). For one sample this is blocks_for(num_tokens + 1)."""
+        return blocks_for(num_tokens, self.block_size) + samples - (1 if num_tokens % self.block_size else 0)
+
     def _admit(self) -> list[PrefillJob]:
         jobs: list[PrefillJob] = []
         longest = 0
@@ -118,7 +127,11 @@ class Scheduler:
                 break
             group = self._fresh_siblings(self.waiting[0], room)
             lead = group[0]
-            need = blocks_for(len(lead.tokens), self.block_size) + len(group)  # + one block of headroom each
+            # A group larger than the whole cache would never start: split it (siblings prefill later, unshared).
+            usable = self.allocator.num_usable
+            while len(group) > 1 and self._blocks_to_start(len(lead.tokens), len(group)) > usable:
+                group.pop()
+            need = self._blocks_to_start(len(lead.tokens), len(group))
             padded = (len(jobs) + 1) * max(longest, len(lead.tokens))  # prefill is padded to the longest row
             if need > self.allocator.num_free or (jobs and padded > self.max_prefill_tokens):
                 break

@@ -66,7 +66,7 @@ class Sequence:
         gen = self.generated
         return CompletionOutput(self.index, gen, list(self.logprobs), self.finish_reason, self.stop_reason,
                                 self.versions[0] if self.versions else None, list(self.versions),
-                                tokenizer.decode(gen) if tokenizer is not None else None)
+                                tokenizer.decode(gen) if tokenizer is not None and self.finish_reason else None)
 
 
 def check_stop(seq: Sequence, eos_ids: set[int], max_model_len: int, tokenizer=None) -> None:

@@ -1,0 +1,270 @@
+"""Rollout decode benchmark: the native engine vs transformers `generate` vs the HBM roofline.
+
+For each preset (INT4 base generated directly in packed form + a LoRA adapter) and batch size, it generates
+`--new-tokens` tokens after `--prompt-len`-token prompts (T = 1, ignore_eos) and reports decode throughput
+and time per decode step. Decode steps are those with the whole batch running and no prefill or CUDA-graph
+capture in them. Compared in the same run:
+- transformers `generate` on the same shape in bf16 (random weights): decode time = (t(N) - t(1)) / (N - 1);
+- the roofline: (weight bytes a step touches + KV bytes it reads) / measured device copy bandwidth.
+Also reports the train/rollout |Δlogprob| (engine vs teacher-forced trainer forward) on a few samples.
+
+GPU:   python bench/rollout.py                        (writes $OUT/rollout.json when OUT is set)
+Fewer layers (times scale ~linearly in layers; the ratios barely move): --override num_hidden_layers=8
+CPU smoke test: python bench/rollout.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import time
+
+import peft
+import torch
+
+from orbit_lightning import add_adapter, load_model
+from orbit_lightning.adapters import AdapterLayer
+from orbit_lightning.models import preset_hf_config, token_logprobs
+from orbit_lightning.quant.experts import QuantExperts
+from orbit_lightning.rollout import RolloutEngine, SamplingParams
+from orbit_lightning.rollout.blocks import blocks_for
+from orbit_lightning.rollout.kv_cache import KVLayout
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--presets", nargs="+", default=["qwen3-8b", "qwen3-30b-a3b"])
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 16, 64, 256])
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
+                    help="preset config overrides, e.g. num_hidden_layers=8 hidden_size=1024")
+    ap.add_argument("--quant", default="int4")
+    ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--lora-targets", default="all-linear", help="'all-linear' or a comma list of module names")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--hf-max-batch", type=int, default=256)
+    ap.add_argument("--logprob-samples", type=int, default=8)
+    ap.add_argument("--smoke", action="store_true", help="tiny presets on the CPU, seconds")
+    ap.add_argument("--out", default=None, help="JSON path (default $OUT/rollout.json when OUT is set)")
+    a = ap.parse_args()
+    if a.smoke:
+        a.presets, a.batches, a.prompt_len, a.new_tokens = ["tiny-qwen3", "tiny-qwen3-moe"], [1, 4], 16, 8
+        a.device, a.dtype, a.lora_r, a.logprob_samples = "cpu", "float32", 4, 2
+    a.override = {k: int(v) for k, v in (o.split("=", 1) for o in a.override)}
+    a.dtype = getattr(torch, a.dtype)
+    return a
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a large device-to-device copy, counting the read and the write."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 26)
+    src, dst = torch.empty(n, dtype=torch.uint8, device=device), torch.empty(n, dtype=torch.uint8, device=device)
+    for _ in range(2):
+        dst.copy_(src)
+    sync(device)
+    reps = 10
+    t = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    sync(device)
+    return 2 * n * reps / (time.perf_counter() - t)
+
+
+def weight_bytes_per_step(model, batch: int, slot: str = "slot0") -> float:
+    """Bytes of weights one decode step reads: everything once, except the embedding (batch rows), routed
+    experts (the expected fraction of experts that `batch` uniformly routed tokens touch) and adapter slots
+    (only the active one)."""
+    cfg = model.config
+    frac = 1.0
+    if cfg.num_experts:
+        e, k = cfg.num_experts, cfg.num_experts_per_tok
+        frac = 1 - (1 - k / e) ** batch
+    embed = model.model.embed_tokens
+    total = 0.0
+    for module in model.modules():
+        tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+        for name, t in tensors:
+            if isinstance(module, AdapterLayer) and not name.startswith(f"slot_{slot}_"):
+                continue
+            if module is embed:
+                total += batch * t.shape[-1] * t.element_size()
+                continue
+            expert = isinstance(module, QuantExperts) or (isinstance(module, AdapterLayer) and t.dim() == 3)
+            total += t.numel() * t.element_size() * (frac if expert else 1.0)
+    return total
+
+
+def lora_model(args, preset: str):
+    model = load_model(preset, quant=args.quant, device=args.device, dtype=args.dtype, **args.override)
+    targets = args.lora_targets if args.lora_targets == "all-linear" else args.lora_targets.split(",")
+    add_adapter(model, peft.LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules=targets))
+    with torch.no_grad():  # a nonzero B so that the adapter really runs (PEFT initialises B to zero)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.normal_(0, 0.01)
+    return model
+
+
+def run_engine(args, model, batch: int) -> tuple[dict, list]:
+    device = torch.device(args.device)
+    p_len, n_new = args.prompt_len, args.new_tokens
+    layout = KVLayout.from_config(model.config, args.dtype)
+    blocks = batch * blocks_for(p_len + n_new, 16) + 2
+    engine = RolloutEngine(model, kv_budget_bytes=blocks * 16 * layout.bytes_per_token(), max_batch_size=batch,
+                           max_model_len=p_len + n_new + 1, cuda_graphs=not args.no_graphs)
+    g = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(0, model.config.vocab_size, (batch, p_len), generator=g).tolist()
+    engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, ignore_eos=True, seed=0))  # compile/autotune
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_new_tokens=n_new, ignore_eos=True, seed=i))
+    step_times, outs = [], []
+    t_all = time.perf_counter()
+    while engine.has_unfinished():
+        before = engine.stats()
+        sync(device)
+        t = time.perf_counter()
+        outs += engine.step(stream=False)
+        sync(device)
+        dt = time.perf_counter() - t
+        captured = engine.stats()["graphs_captured"] != before["graphs_captured"]
+        if before["waiting"] == 0 and before["running"] == batch and not captured:
+            step_times.append(dt)
+    wall = time.perf_counter() - t_all
+    step = sum(step_times) / max(len(step_times), 1)
+    row = dict(batch=batch, engine_step_ms=1e3 * step, engine_tok_s=batch / step, decode_steps=len(step_times),
+               engine_wall_s=wall, cuda_graphs=engine.stats()["cuda_graphs"])
+    del engine
+    return row, outs
+
+
+def logprob_diff(model, outs, prompts_n: int) -> dict:
+    """Engine log-probs vs the trainer's teacher-forced forward on the same tokens (adapter on)."""
+    diffs = []
+    for o in outs[:prompts_n]:
+        c = o.outputs[0]
+        ids = torch.tensor([o.prompt_token_ids + c.token_ids], device=model.lm_head.weight.device)
+        with torch.no_grad():
+            ref, _ = token_logprobs(model, ids, start=len(o.prompt_token_ids) - 1)
+        diffs.append((ref[0].float().cpu() - torch.tensor(c.logprobs)).abs())
+    d = torch.cat(diffs)
+    return dict(mean_abs=d.mean().item(), max_abs=d.max().item(), tokens=d.numel())
+
+
+def hf_generate_s(hf, ids, n: int) -> float:
+    """Seconds for transformers `generate` of exactly n tokens (sampling at T = 1, like the engine run)."""
+    sync(ids.device)
+    t = time.perf_counter()
+    with torch.no_grad():
+        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=True,
+                    temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+    sync(ids.device)
+    return time.perf_counter() - t
+
+
+def hf_decode(args, preset: str, batches: list[int]) -> dict[int, dict]:
+    import transformers
+
+    device = torch.device(args.device)
+    cfg = dict(preset_hf_config(preset, **args.override))
+    cfg = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    dtype = torch.bfloat16 if device.type == "cuda" else args.dtype
+    try:
+        with torch.device(device):
+            hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    except torch.cuda.OutOfMemoryError:
+        return {b: dict(hf_note="OOM loading the bf16 model") for b in batches}
+    hf.generation_config.eos_token_id = None
+    res = {}
+    for b in batches:
+        if b > args.hf_max_batch:
+            res[b] = dict(hf_note=f"skipped (batch > --hf-max-batch {args.hf_max_batch})")
+            continue
+        ids = torch.randint(0, cfg.vocab_size, (b, args.prompt_len), device=device)
+        try:
+            hf_generate_s(hf, ids, 2)  # warm-up
+            step = (hf_generate_s(hf, ids, args.new_tokens) - hf_generate_s(hf, ids, 1)) / (args.new_tokens - 1)
+            res[b] = dict(hf_step_ms=1e3 * step, hf_tok_s=b / step)
+        except torch.cuda.OutOfMemoryError:
+            res[b] = dict(hf_note="OOM")
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    del hf
+    return res
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    bw = copy_bandwidth(device)
+    env = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), torch=torch.__version__,
+               device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               copy_bandwidth_GBps=bw / 1e9, args={k: str(v) for k, v in vars(args).items()})
+    rows, lp = [], {}
+    for preset in args.presets:
+        model = lora_model(args, preset)
+        layout = KVLayout.from_config(model.config, args.dtype)
+        for b in args.batches:
+            row, outs = run_engine(args, model, b)
+            ctx = args.prompt_len + args.new_tokens / 2  # mean context over the decode steps
+            step_bytes = weight_bytes_per_step(model, b) + b * ctx * layout.bytes_per_token()
+            row.update(preset=preset, roofline_step_ms=1e3 * step_bytes / bw)
+            row["roofline_frac"] = row["roofline_step_ms"] / row["engine_step_ms"]
+            rows.append(row)
+            if preset not in lp and b >= min(16, max(args.batches)):
+                lp[preset] = logprob_diff(model, outs, args.logprob_samples)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if not args.no_hf:
+            hf = hf_decode(args, preset, args.batches)
+            for row in rows:
+                if row["preset"] == preset:
+                    row.update(hf[row["batch"]])
+                    if "hf_step_ms" in row:
+                        row["speedup_vs_hf"] = row["hf_step_ms"] / row["engine_step_ms"]
+    print_table(rows, lp, env)
+    out = args.out or (os.path.join(os.environ["OUT"], "rollout.json") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(dict(env=env, rows=rows, logprob_diff=lp), f, indent=1)
+        print(f"wrote {out}")
+
+
+def print_table(rows: list[dict], lp: dict, env: dict) -> None:
+    print(f"\n{env['device']}  torch {env['torch']}  copy bandwidth {env['copy_bandwidth_GBps']:.0f} GB/s")
+    head = f"{'preset':<16}{'batch':>6}{'tok/s':>10}{'ms/step':>9}{'HF tok/s':>10}{'vs HF':>7}" \
+           f"{'roof ms':>9}{'% roof':>8}  graphs"
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        hf = f"{r['hf_tok_s']:>10.0f}{r['speedup_vs_hf']:>6.1f}x" if "hf_tok_s" in r else f"{'-':>10}{'-':>7}"
+        print(f"{r['preset']:<16}{r['batch']:>6}{r['engine_tok_s']:>10.0f}{r['engine_step_ms']:>9.2f}{hf}"
+              f"{r['roofline_step_ms']:>9.2f}{100 * r['roofline_frac']:>7.0f}%  "
+              f"{'on' if r['cuda_graphs'] == 'on' else 'eager'}")
+        if "hf_note" in r:
+            print(f"{'':<22}HF: {r['hf_note']}")
+    for reason in sorted({r["cuda_graphs"] for r in rows} - {"on"}):
+        print(f"eager decode: {reason}")
+    for preset, d in lp.items():
+        print(f"{preset}: train/rollout |dlogprob| mean {d['mean_abs']:.2e} max {d['max_abs']:.2e} "
+              f"over {d['tokens']} tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Bad input during a real run: failing or NaN rewards are masked, bad data fails clearly, nothing is lost."""
+
+import csv
+import json
+import math
+
+import pytest
+
+from orbit_lightning.cli import compose
+from orbit_lightning.rewards import register_reward
+from orbit_lightning.train import run_train
+from tests.integration.cli_runs import TINY
+
+
+@register_reward("test_raises_on_odd_length", overwrite=True)
+def _raises_on_odd(prompt, completion, metadata):
+    if len(completion) % 2:
+        raise RuntimeError("verifier crashed")
+    return 1.0
+
+
+@register_reward("test_nan_on_even_length", overwrite=True)
+def _nan_on_even(prompt, completion, metadata):
+    return math.nan if len(completion) % 2 == 0 else 0.5
+
+
+def _metrics(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("reward", ["test_raises_on_odd_length", "test_nan_on_even_length"])
+def test_failing_rewards_are_masked_and_the_run_goes_on(reward, tmp_path):
+    cfg, _ = compose([*TINY, "trainer.max_steps=2", f"trainer.output_dir={tmp_path}",
+                      f"reward.functions=[{{name: {reward}, weight: 1.0}}]"])
+    out = run_train(cfg)
+    rows = [r for r in _metrics(tmp_path) if r.get("reward/failed_fraction")]
+    assert len(rows) == 2
+    failed = [float(r["reward/failed_fraction"]) for r in rows]
+    assert all(0 < f < 1 for f in failed), failed  # some samples failed, the rest trained
+    assert all(math.isfinite(float(r["grad_norm"])) for r in rows)
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file() and out["adapter"]
+
+
+def test_empty_dataset_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    cfg, _ = compose([*TINY, f"data.source={empty}", f"trainer.output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="empty"):
+        run_train(cfg)
+
+
+def test_prompts_longer_than_the_context_are_dropped_with_a_warning(tmp_path, caplog):
+    rows = [{"prompt": "1+1=", "answer": "2"}] * 6 + [{"prompt": "1+" * 40 + "1=", "answer": "41"}] * 6
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg, _ = compose([*TINY, f"data.source={data}", "data.eval_size=2", "data.max_prompt_tokens=16",
+                      "trainer.max_steps=1", f"trainer.output_dir={tmp_path / 'run'}"])
+    run_train(cfg)
+    assert any("longer than" in r.message or "dropped" in r.message for r in caplog.records)
