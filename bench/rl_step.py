@@ -72,6 +72,15 @@ def main() -> None:
     algo = AlgoConfig(kl_coef=0.04, updates_per_step=1, micro_batch_tokens=16384)
     module = RLModule(model, Tok(), rewards=RewardRunner([(random_reward, 1.0)]), algo=algo, rollout=rollout,
                       optim=OptimConfig(lr=1e-5))
+    diffs: list[dict] = []
+    prepare = module.prepare
+
+    def prepare_and_record(exp):  # keep the train-rollout |dlogprob| of each step
+        m = prepare(exp)
+        diffs.append(m)
+        return m
+
+    module.prepare = prepare_and_record
     mem = MemoryTracker()
     trainer = L.Trainer(accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1,
                         strategy=ColocatedRLStrategy(device=dev), max_steps=len(batches), logger=False,
@@ -103,12 +112,15 @@ def main() -> None:
         "gen_tokens_per_s": args.prompts * args.gens * args.new_tokens
         / statistics.median(h["time/rollout"] for h in timed),
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+        "logprob_diff_abs_mean": statistics.mean(d["rollout/logprob_diff_abs_mean"] for d in diffs),
+        "logprob_diff_abs_max": max(d["rollout/logprob_diff_abs_max"] for d in diffs),
     }
     print(f"{args.shape} x{result['layers']}L {args.quant} P={args.prompts} G={args.gens} L={args.new_tokens}: "
           f"step {result['step_s_median']:.2f}s")
     for p in phases:
         print(f"  {p:<13} {result['phase_s_median'][p]:8.3f}s  peak {result['peak_bytes'][p] / 2**30:7.2f} GiB")
-    print(f"  rollout throughput {result['gen_tokens_per_s']:.0f} tok/s")
+    print(f"  rollout throughput {result['gen_tokens_per_s']:.0f} tok/s; train-rollout |dlogprob| mean "
+          f"{result['logprob_diff_abs_mean']:.2e} max {result['logprob_diff_abs_max']:.2e}")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"rl_step_{args.shape}.json"), "w") as f:
             json.dump(result, f, indent=2)

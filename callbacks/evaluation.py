@@ -25,8 +25,7 @@ class EvalCallback(L.Callback):
         self.history.append(metrics)
         for logger in trainer.loggers:
             logger.log_metrics({k: v for k, v in metrics.items() if k != "rl_step"}, step=pl_module.rl_step)
-        if "eval/accuracy" in metrics:
-            pl_module.log("eval/accuracy", metrics["eval/accuracy"], prog_bar=True, on_step=True, batch_size=1)
+        pl_module.last_eval = metrics  # shown on the progress bar by the module
         out = Path(self.output_dir or trainer.default_root_dir) / "eval_samples.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a") as f:

@@ -63,14 +63,20 @@ _FAST["grouped_dx"] = tuple((m, replace(c, split_k=1)) for m, c in _FAST["dx"])
 _INVARIANT = TileConfig(64, 128, 64, num_warps=4, num_stages=4, swap_ab=True)
 
 _CPU = TileConfig(32, 32, 32, num_warps=1, num_stages=1)  # interpreter: small tiles, exact same code
+# fp32 activations get true fp32 products, which Hopper tensor cores lack: Triton then multiplies on
+# the FMA units, where only small tiles fit in registers. A reference path, not a fast one.
+_FP32 = TileConfig(32, 32, 32, num_warps=4, num_stages=2)
 
 
-def pick_config(kind: str, m: int, device: torch.device) -> TileConfig:
-    """The tile config for kernel `kind` ("fwd", "dx", "grouped_fwd", "grouped_dx") at M rows."""
+def pick_config(kind: str, m: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> TileConfig:
+    """The tile config for kernel `kind` ("fwd", "dx", "grouped_fwd", "grouped_dx") at M rows of
+    `dtype` activations."""
     if kind not in _FAST:
         raise ValueError(f"unknown kernel kind {kind!r}; expected one of {sorted(_FAST)}")
     if device.type != "cuda":
         return _CPU
+    if dtype == torch.float32:
+        return _FP32
     if is_batch_invariant():
         return _INVARIANT
     return next(cfg for bound, cfg in _FAST[kind] if m <= bound)

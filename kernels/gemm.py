@@ -207,7 +207,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         return out.reshape(*lead, p)
     if r == 0:
         return out.zero_().reshape(*lead, p)
-    cfg = config or pick_config("dx" if dx else "fwd", m, a.device)
+    cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
     split = auto_split(cfg, n_tiles, r, a.device)
     r_per_split = triton.cdiv(triton.cdiv(r, split), cfg.block_r) * cfg.block_r

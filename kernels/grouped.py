@@ -95,7 +95,7 @@ def grouped_gemm(a: Tensor, expert_offsets: Tensor, w: PackedWeight, dx: bool,
     if t == 0:
         return out
     kind = "grouped_dx" if dx else "grouped_fwd"
-    cfg = config or pick_config(kind, -(-t // w.experts), a.device)
+    cfg = config or pick_config(kind, -(-t // w.experts), a.device, a.dtype)
     if cfg.split_k > 1:
         raise ValueError("grouped_gemm does not split the reduction; use a TileConfig with split_k=1")
     # Each tile holds >= 1 row and each expert wastes < 1 tile, which bounds the tile count.

@@ -4,6 +4,13 @@ In this mode every launch uses one fixed tile configuration per kernel and never
 reduction, so the fp32 accumulation order of an output row depends only on K (or N) and never on M,
 on the row's position in the batch or on how tokens were grouped. The trainer (large M) and the
 rollout engine (M = 1..64) then produce bit-identical rows for the same input.
+
+Covered here: the dense and grouped GEMMs (which share one tile config, so a token's row is reduced
+alike on the dense and the MoE path) and `rms_norm` (one row per program in every mode). Not covered:
+attention. For the same guarantee it must reduce each query row over the KV sequence in fixed-size
+chunks in a fixed order whatever the batch, i.e. a fixed split size shared by prefill and decode (no
+split count chosen from the batch or sequence length), and combine the chunks' partial softmax
+statistics sequentially.
 """
 
 from __future__ import annotations

@@ -94,3 +94,24 @@ def hf_from_export(state_dict: dict, src_dir: Path, out_dir: Path) -> transforme
     save_file({k: v.contiguous() for k, v in state_dict.items()}, out_dir / "model.safetensors")
     (out_dir / "config.json").write_text((Path(src_dir) / "config.json").read_text())
     return transformers.AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
+
+
+def peft_oracle_max_diff(ours, src_dir: Path, adapter_dir: Path, work_dir: Path, seed: int = 4):
+    """-> (max |logit diff| of our model vs `peft.PeftModel.from_pretrained` on transformers loaded from our
+    exported (dequantized) base over a left-padded batch; how much our adapter moves the logits (non-vacuity);
+    the adapter keys PEFT itself would save)."""
+    import peft
+
+    from orbit_lightning import export_hf_state_dict
+
+    hf = hf_from_export(export_hf_state_dict(ours, dtype=torch.float32), src_dir, work_dir / "exported")
+    ref_model = peft.PeftModel.from_pretrained(hf, adapter_dir).eval()
+    ids, mask, pos = padded_batch(hf.config.vocab_size, [9, 5, 7], seed=seed)
+    real = mask.bool()
+    with torch.no_grad():
+        ref = ref_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        got = ours(ids, attention_mask=mask)
+        with ours.disable_adapter():
+            base = ours(ids, attention_mask=mask)
+    keys = set(peft.get_peft_model_state_dict(ref_model))
+    return (got[real] - ref[real]).abs().max().item(), (got[real] - base[real]).abs().max().item(), keys

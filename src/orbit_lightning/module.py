@@ -54,6 +54,7 @@ class RLModule(L.LightningModule):
         self.rl_step = 0
         self.phases = PhaseTimer()
         self.last_samples: list[dict] = []
+        self.last_eval: dict[str, float] = {}
 
     # ---- setup -------------------------------------------------------------------------------------
 
@@ -224,9 +225,10 @@ class RLModule(L.LightningModule):
         self._log(metrics)
 
     def _log(self, metrics: dict[str, float]) -> None:
-        bar = {"reward/mean", "eval/accuracy"}
         for k, v in metrics.items():
-            self.log(k, v, prog_bar=k in bar, on_step=True, on_epoch=False, batch_size=1)
+            self.log(k, v, prog_bar=k == "reward/mean", on_step=True, on_epoch=False, batch_size=1)
+        if "eval/accuracy" in self.last_eval:  # the Eval callback logs eval/* itself; this is the bar only
+            self.log("eval_acc", self.last_eval["eval/accuracy"], prog_bar=True, logger=False, batch_size=1)
 
     # ---- evaluation (used by the Eval callback) -----------------------------------------------------
 

@@ -4,8 +4,8 @@ import peft
 import pytest
 import torch
 
-from orbit_lightning import add_adapter, export_hf_state_dict, load_adapter, load_model, save_adapter
-from tests.hf_models import hf_from_export, make_hf_model, padded_batch, save_hf_model
+from orbit_lightning import add_adapter, load_adapter, load_model, save_adapter
+from tests.hf_models import make_hf_model, peft_oracle_max_diff, save_hf_model
 
 TOL = 1e-4  # fp32 end to end
 
@@ -16,11 +16,6 @@ def _randomize_adapter(model, seed=0):
         for p in model.parameters():
             if p.requires_grad:
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
-
-
-def _hf_with_our_base(ours, src, tmp_path):
-    """transformers' model loaded from our exported (dequantized) base: PEFT's oracle."""
-    return hf_from_export(export_hf_state_dict(ours, dtype=torch.float32), src, tmp_path / "exported")
 
 
 # DeepSeek's dense first layers and shared experts also carry `gate_proj`/`up_proj`/`down_proj`; PEFT 0.21 maps
@@ -50,17 +45,9 @@ def test_saved_adapter_matches_peft(name, quant, targets, rslora, tmp_path):
     _randomize_adapter(ours)
     save_adapter(ours, tmp_path / "adapter")
 
-    hf = _hf_with_our_base(ours, src, tmp_path)
-    ref_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
-    ids, mask, pos = padded_batch(hf.config.vocab_size, [9, 5, 7], seed=4)
-    with torch.no_grad():
-        ref = ref_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        got = ours(ids, attention_mask=mask)
-    real = mask.bool()
-    assert (got[real] - ref[real]).abs().max().item() <= TOL
-    # The adapter changes the output, so the comparison above is not vacuous.
-    with torch.no_grad(), ours.disable_adapter():
-        assert (ours(ids, attention_mask=mask)[real] - got[real]).abs().max().item() > 1e-3
+    diff, moved, _ = peft_oracle_max_diff(ours, src, tmp_path / "adapter", tmp_path)
+    assert diff <= TOL
+    assert moved > 1e-3  # the adapter changes the output, so the comparison is not vacuous
 
 
 EXPERT_CASES = [
@@ -81,14 +68,8 @@ def test_routed_expert_lora_loads_in_peft(name, quant, tmp_path):
     assert any(type(m).__name__ == "LoraExperts" for m in ours.modules())
     _randomize_adapter(ours, seed=5)
     save_adapter(ours, tmp_path / "adapter")
-    hf = _hf_with_our_base(ours, src, tmp_path)
-    ref_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
-    ids, mask, pos = padded_batch(hf.config.vocab_size, [9, 5, 7], seed=4)
-    with torch.no_grad():
-        ref = ref_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        got = ours(ids, attention_mask=mask)
-    real = mask.bool()
-    assert (got[real] - ref[real]).abs().max().item() <= TOL
+    diff, moved, _ = peft_oracle_max_diff(ours, src, tmp_path / "adapter", tmp_path)
+    assert diff <= TOL and moved > 1e-3
 
 
 def test_disable_adapter_equals_adapter_free_model_exactly(tmp_path):

@@ -41,6 +41,8 @@ def test_invariant_configs_do_not_depend_on_m():
             assert len(chosen) == 1 and chosen.pop().split_k == 1
         # dense and MoE forward share one config, so a row is reduced identically on both paths
         assert pick_config("fwd", 3, cuda) == pick_config("grouped_fwd", 300, cuda)
+    # fp32 activations use one small FMA-friendly config at every M, in either mode
+    assert len({pick_config("fwd", m, cuda, torch.float32) for m in (1, 64, 4096)}) == 1
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

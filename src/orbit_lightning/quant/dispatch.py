@@ -1,11 +1,22 @@
-"""Where a packed matmul runs: fused Triton kernels on CUDA when they support the format and shape, else the
-pure-torch reference (dequantize one weight, or one chunk of experts, transiently, then matmul)."""
+"""Where a packed matmul runs.
+
+On CUDA, with the Triton kernels (`orbit_lightning.kernels`) supporting the format:
+- few rows (decode, M <= FUSED_MAX_ROWS) or batch-invariant mode: the fused dequant-GEMM, which reads only the
+  packed bytes and never writes a BF16 weight;
+- many rows (prefill, training): the kernels' dequantizer writes the weight (or the chunk of experts) once in
+  BF16, cuBLAS / grouped GEMM runs, and the tile is freed. On the H200 this beat the fused kernel from M ~ 128
+  (bench/RESULTS.md); the transient is one weight or one expert chunk, as the design bounds it.
+Elsewhere (CPU): the pure-torch reference dequantizer, then matmul.
+"""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from .grouped import grouped_mm
+
+FUSED_MAX_ROWS = 64
 
 
 def _kernels():
@@ -13,43 +24,71 @@ def _kernels():
         from orbit_lightning import kernels
     except ImportError:  # triton missing (e.g. macOS): the reference path serves
         return None
-    return kernels if hasattr(kernels, "dequant_linear") else None
+    return kernels
 
 
-def _use_kernels(x: Tensor, fmt_name: str) -> bool:
+def _cuda_kernels(x: Tensor, fmt):
+    if not x.is_cuda:
+        return None
     k = _kernels()
-    return x.is_cuda and k is not None and k.kernels_available(x.device) and k.supports(fmt_name)
+    return k if k is not None and k.kernels_available(x.device) and k.supports(fmt) else None
+
+
+def _fused(k, rows: int) -> bool:
+    return rows <= FUSED_MAX_ROWS or k.is_batch_invariant()
+
+
+def _dense_weight(layer, dtype: torch.dtype, k) -> Tensor:
+    return k.dequantize(layer.fmt, layer.packed(), dtype) if k is not None else layer.dequantize(dtype)
 
 
 def dequant_matmul(x: Tensor, layer) -> Tensor:
     """x [..., K] @ W^T -> [..., N] for a QuantLinear `layer`."""
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if _use_kernels(x2, layer.fmt.name):
-        y = _kernels().dequant_linear(x2, layer.fmt, layer.packed())
+    x2 = x.reshape(-1, x.shape[-1])
+    k = _cuda_kernels(x2, layer.fmt)
+    if k is not None and _fused(k, x2.shape[0]):
+        y = k.dequant_linear(x2, layer.fmt, layer.packed())
     else:
-        y = x2 @ layer.dequantize(x.dtype).t()
-    return y.view(*shape[:-1], layer.out_features)
+        y = x2 @ _dense_weight(layer, x.dtype, k).t()
+    return y.view(*x.shape[:-1], layer.out_features)
 
 
 def dequant_matmul_dx(dy: Tensor, layer) -> Tensor:
-    """dX = dY @ W: [..., N] -> [..., K], reading the same packed weight."""
-    shape = dy.shape
-    dy2 = dy.reshape(-1, shape[-1])
-    if _use_kernels(dy2, layer.fmt.name):
-        dx = _kernels().dequant_linear_dx(dy2, layer.fmt, layer.packed())
+    """dX = dY @ W: [..., N] -> [..., K], reading the same packed weight (no dW, no saved weight)."""
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    k = _cuda_kernels(dy2, layer.fmt)
+    if k is not None and _fused(k, dy2.shape[0]):
+        dx = k.dequant_linear_dx(dy2, layer.fmt, layer.packed())
     else:
-        dx = dy2 @ layer.dequantize(dy.dtype)
-    return dx.view(*shape[:-1], layer.in_features)
+        dx = dy2 @ _dense_weight(layer, dy.dtype, k)
+    return dx.view(*dy.shape[:-1], layer.in_features)
+
+
+def _chunk_weights(experts, proj: str, expert_ids: Tensor, dtype: torch.dtype, k) -> Tensor:
+    if k is None:
+        return experts.dequantize(proj, expert_ids, dtype)  # [c, N, K]
+    return k.dequantize(experts.fmt, experts.packed(proj), dtype, expert_ids=expert_ids)
+
+
+def _offsets(experts, expert_ids: Tensor, group_sizes: list[int], device) -> Tensor:
+    """[E+1] row offsets over all experts, rows only for the chunk's experts (the fused kernel's input)."""
+    counts = torch.zeros(experts.num_experts, dtype=torch.int32, device=device)
+    counts[expert_ids] = torch.tensor(group_sizes, dtype=torch.int32, device=device)
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0, dtype=torch.int32)])
 
 
 def dequant_grouped(x: Tensor, experts, proj: str, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
-    """Rows of x grouped by expert -> x_g @ W[e_g]^T; only the chunk's experts are dequantized."""
-    w = experts.dequantize(proj, expert_ids, x.dtype)  # [c, N, K], freed when this returns
-    return grouped_mm(x, w, group_sizes)
+    """Rows of x grouped by expert -> x_g @ W[e_g]^T; only the chunk's experts are read."""
+    k = _cuda_kernels(x, experts.fmt)
+    if k is not None and _fused(k, x.shape[0]):
+        off = _offsets(experts, expert_ids, group_sizes, x.device)
+        return k.grouped_dequant_linear(x, off, experts.fmt, experts.packed(proj))
+    return grouped_mm(x, _chunk_weights(experts, proj, expert_ids, x.dtype, k), group_sizes)
 
 
 def dequant_grouped_dx(dy: Tensor, experts, proj: str, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
-    w = experts.dequantize(proj, expert_ids, dy.dtype)
-    return grouped_mm(dy, w.transpose(1, 2), group_sizes)
-
+    k = _cuda_kernels(dy, experts.fmt)
+    if k is not None and _fused(k, dy.shape[0]):
+        off = _offsets(experts, expert_ids, group_sizes, dy.device)
+        return k.grouped_dequant_linear_dx(dy, off, experts.fmt, experts.packed(proj))
+    return grouped_mm(dy, _chunk_weights(experts, proj, expert_ids, dy.dtype, k).transpose(1, 2), group_sizes)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Everything this project measures on the GPU machine, in one call (device time is scarce):
+# GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
+#   bash bench/gpu_suite.sh [sections...]   (default: all; sections: tests rollout rlstep default kernels)
+# Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/.
+set -u
+OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OUT
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { echo "install failed"; tail "$OUT/install.log"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
+sections=${*:-tests rollout rlstep default}
+for s in $sections; do
+  start=$(date +%s)
+  case $s in
+    tests)   timeout 150 python3 -m pytest -q -m gpu tests -x -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
+    rollout) timeout 170 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 128 --prompt-len 512 \
+               --batches 1 16 64 256 >"$OUT/rollout.log" 2>&1 ;;
+    rlstep)  timeout 100 python3 bench/rl_step.py --shape qwen3-1.7b --prompts 8 --gens 8 --new-tokens 256 --steps 4 \
+               >"$OUT/rl_step.log" 2>&1 ;;
+    default) timeout 130 python3 -m orbit_lightning.cli model.device=cuda trainer.max_steps=200 trainer.eval_every=50 \
+               trainer.output_dir="$OUT/default_run" >"$OUT/default.log" 2>&1 ;;
+    kernels) timeout 200 python3 bench/kernels.py >"$OUT/kernels.log" 2>&1 ;;
+  esac
+  echo "== $s: exit $? in $(( $(date +%s) - start ))s"
+done
+echo "== summaries"
+tail -3 "$OUT/tests.log" 2>/dev/null
+tail -25 "$OUT/rollout.log" 2>/dev/null
+tail -9 "$OUT/rl_step.log" 2>/dev/null
+grep -E '"eval/(accuracy|pass@)' "$OUT/default.log" 2>/dev/null | head -12
