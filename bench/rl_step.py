@@ -35,16 +35,17 @@ def main() -> None:
 
     import lightning as L
     import peft
+    from orbit_lightning.callbacks import AdapterPush, MemoryTracker
 
     from orbit_lightning import add_adapter, load_model
     from orbit_lightning.algorithms.config import AlgoConfig
-    from orbit_lightning.callbacks import AdapterPush, MemoryTracker
+    from orbit_lightning.build import resolve_device
     from orbit_lightning.module import RLModule
     from orbit_lightning.rewards import RewardRunner
     from orbit_lightning.rl.config import OptimConfig, RolloutConfig
     from orbit_lightning.strategies import ColocatedRLStrategy
 
-    dev = torch.device(args.device)
+    dev = resolve_device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     over = {"num_hidden_layers": args.layers} if args.layers else {}
     t0 = time.perf_counter()

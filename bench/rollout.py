@@ -187,6 +187,7 @@ def hf_decode(args, preset: str, batches: list[int]) -> dict[int, dict]:
         return {b: dict(hf_note="OOM loading the bf16 model") for b in batches}
     hf.generation_config.eos_token_id = None
     res = {}
+    print(f"[progress] transformers {preset} loaded", flush=True)
     for b in batches:
         if b > args.hf_max_batch:
             res[b] = dict(hf_note=f"skipped (batch > --hf-max-batch {args.hf_max_batch})")
@@ -198,6 +199,7 @@ def hf_decode(args, preset: str, batches: list[int]) -> dict[int, dict]:
             res[b] = dict(hf_step_ms=1e3 * step, hf_tok_s=b / step)
         except torch.cuda.OutOfMemoryError:
             res[b] = dict(hf_note="OOM")
+        print(f"[progress] transformers {preset} batch {b}: {res[b]}", flush=True)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -214,7 +216,9 @@ def main() -> None:
                copy_bandwidth_GBps=bw / 1e9, args={k: str(v) for k, v in vars(args).items()})
     rows, lp = [], {}
     for preset in args.presets:
+        t0 = time.perf_counter()
         model = lora_model(args, preset)
+        print(f"[progress] {preset} built in {time.perf_counter() - t0:.1f}s", flush=True)
         layout = KVLayout.from_config(model.config, args.dtype)
         for b in args.batches:
             row, outs = run_engine(args, model, b)
@@ -223,6 +227,8 @@ def main() -> None:
             row.update(preset=preset, roofline_step_ms=1e3 * step_bytes / bw)
             row["roofline_frac"] = row["roofline_step_ms"] / row["engine_step_ms"]
             rows.append(row)
+            print(f"[progress] {preset} batch {b}: {row['engine_step_ms']:.2f} ms/step, "
+                  f"{row['roofline_frac']:.2f} of roofline, wall {row['engine_wall_s']:.1f}s", flush=True)
             if preset not in lp and b >= min(16, max(args.batches)):
                 lp[preset] = logprob_diff(model, outs, args.logprob_samples)
             gc.collect()

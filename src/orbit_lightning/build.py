@@ -22,8 +22,10 @@ def resolve_model_path(path: str) -> str:
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    d = torch.device(device)
+    # Lightning's single-device strategies need an explicit CUDA index.
+    return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
 
 
 def peft_config(spec: AdapterSpec):

@@ -7,14 +7,16 @@ import sys
 import pytest
 import torch
 from torch import nn
-from torchao.quantization import FqnToConfig, quantize_
 
-from orbit_lightning import load_model
-from orbit_lightning.models.moe import Experts
-from orbit_lightning.quant.apply import quantize_model
-from orbit_lightning.quant.experts import QuantExperts
-from orbit_lightning.quant.linear import QuantLinear
-from orbit_lightning.quant.torchao_api import (
+pytest.importorskip("torchao")  # a core dependency; absent only on the bare GPU image
+from torchao.quantization import FqnToConfig, quantize_  # noqa: E402
+
+from orbit_lightning import load_model  # noqa: E402
+from orbit_lightning.models.moe import Experts  # noqa: E402
+from orbit_lightning.quant.apply import quantize_model  # noqa: E402
+from orbit_lightning.quant.experts import QuantExperts  # noqa: E402
+from orbit_lightning.quant.linear import QuantLinear  # noqa: E402
+from orbit_lightning.quant.torchao_api import (  # noqa: E402
     Fp8BlockConfig,
     Int4GroupConfig,
     MXFP4Config,
