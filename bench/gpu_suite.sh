@@ -12,12 +12,12 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { echo "install failed"; tail "$OUT/install.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
-sections=${*:-tests rollout rlstep default}
+sections=${*:-tests rlstep default rollout}
 for s in $sections; do
   start=$(date +%s)
   case $s in
     tests)   timeout 150 python3 -m pytest -q -m gpu tests -x -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
-    rollout) timeout 170 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 128 --prompt-len 512 \
+    rollout) timeout 170 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 \
                --batches 1 16 64 256 >"$OUT/rollout.log" 2>&1 ;;
     rlstep)  timeout 100 python3 bench/rl_step.py --shape qwen3-1.7b --prompts 8 --gens 8 --new-tokens 256 --steps 4 \
                >"$OUT/rl_step.log" 2>&1 ;;
