@@ -10,13 +10,13 @@ from tests.integration.cli_runs import run
 
 @pytest.mark.slow
 def test_shortened_default_experiment_learns(tmp_path):
-    out = run("trainer.max_steps=120", "trainer.eval_every=120", f"trainer.output_dir={tmp_path}", "trainer.threads=2",
+    out = run("trainer.max_steps=150", "trainer.eval_every=150", f"trainer.output_dir={tmp_path}", "trainer.threads=2",
               timeout=1200)
     with open(tmp_path / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     evals = [float(r["eval/accuracy"]) for r in rows if r.get("eval/accuracy")]
     assert len(evals) == 2
-    # Measured: 0.31 -> 0.45 after 100 steps (seed 0); a rise of 8 points leaves room for CPU-dependent noise.
+    # Measured (seed 0): 0.31 -> ~0.43 after 100-150 steps; 8 points leaves room for CPU-dependent noise.
     assert evals[-1] - evals[0] >= 0.08, evals
     diffs = [float(r["rollout/logprob_diff_abs_max"]) for r in rows if r.get("rollout/logprob_diff_abs_max")]
     assert max(diffs) <= 1e-5  # the engine and the trainer run one path: fp32 log-probs agree

@@ -76,9 +76,8 @@ class LoraExperts(AdapterLayer):
         self.r, self.alpha, self.scaling = r, alpha, lora_scale(r, alpha, rslora)
         self.num_experts = e
 
-    @property
-    def chunk(self) -> int:
-        return self.base_layer.chunk
+    def chunk_size(self, rows: int, num_active: int, device: torch.device) -> int:
+        return self.base_layer.chunk_size(rows, num_active, device)
 
     def linear(self, proj: str, x: Tensor, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
         y = self.base_layer.linear(proj, x, expert_ids, group_sizes)
@@ -90,7 +89,7 @@ class LoraExperts(AdapterLayer):
         return y + (delta * self.scaling).to(y.dtype)
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
-        return dispatch_experts(x, topk_ids, topk_w, self.num_experts, self.chunk, self.linear)
+        return dispatch_experts(x, topk_ids, topk_w, self.num_experts, self.chunk_size, self.linear)
 
 
 def _expert_shape(experts: nn.Module, proj: str) -> tuple[int, int]:

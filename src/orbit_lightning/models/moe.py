@@ -80,8 +80,13 @@ class Experts(nn.Module):
         """x [M, K] grouped by expert (group_sizes over expert_ids [c]) -> [M, N]."""
         return grouped_mm(x, getattr(self, proj)[expert_ids], group_sizes)
 
+    def chunk_size(self, rows: int, num_active: int, device: torch.device) -> int:
+        """Experts per grouped GEMM: `chunk` bounds the transient BF16 weights; paths that never materialize
+        weights (fused kernels) take every active expert at once."""
+        return self.chunk
+
     def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
-        return dispatch_experts(x, topk_ids, topk_w, self.num_experts, self.chunk, self.linear)
+        return dispatch_experts(x, topk_ids, topk_w, self.num_experts, self.chunk_size, self.linear)
 
 
 def dispatch_experts(
@@ -89,7 +94,7 @@ def dispatch_experts(
     topk_ids: Tensor,  # [T, k] int64
     topk_w: Tensor,  # [T, k]
     num_experts: int,
-    chunk: int,
+    chunk_size: Callable[[int, int, torch.device], int],  # (rows, active experts, device) -> experts per GEMM
     linear: Callable[[str, Tensor, Tensor, list[int]], Tensor],  # (proj, rows, expert_ids, group_sizes) -> out
 ) -> Tensor:
     """Route (token, slot) pairs to experts, run active experts `chunk` at a time, combine -> [T, D]."""
@@ -101,6 +106,7 @@ def dispatch_experts(
     active = [e for e, c in enumerate(counts) if c]
     xs = x[token]
     outs, start = [], 0
+    chunk = max(1, chunk_size(len(flat), len(active), x.device))
     for i in range(0, len(active), chunk):
         ids = active[i : i + chunk]
         sizes = [counts[e] for e in ids]

@@ -38,6 +38,17 @@ def _fused(k, rows: int) -> bool:
     return rows <= FUSED_MAX_ROWS or k.is_batch_invariant()
 
 
+def fused_grouped(fmt, rows: int, num_experts: int, device: torch.device) -> bool:
+    """MoE: the fused grouped kernel wins while experts see few rows each (decode); it materializes nothing,
+    so it takes all active experts in one launch. Large batches use chunked dequant + grouped GEMM."""
+    if device.type != "cuda":
+        return False
+    k = _kernels()
+    if k is None or not k.kernels_available(device) or not k.supports(fmt):
+        return False
+    return rows <= FUSED_MAX_ROWS * max(num_experts, 1) or k.is_batch_invariant()
+
+
 def _dense_weight(layer, dtype: torch.dtype, k) -> Tensor:
     return k.dequantize(layer.fmt, layer.packed(), dtype) if k is not None else layer.dequantize(dtype)
 
@@ -80,7 +91,7 @@ def _offsets(experts, expert_ids: Tensor, group_sizes: list[int], device) -> Ten
 def dequant_grouped(x: Tensor, experts, proj: str, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
     """Rows of x grouped by expert -> x_g @ W[e_g]^T; only the chunk's experts are read."""
     k = _cuda_kernels(x, experts.fmt)
-    if k is not None and _fused(k, x.shape[0]):
+    if k is not None and fused_grouped(experts.fmt, x.shape[0], len(group_sizes), x.device):
         off = _offsets(experts, expert_ids, group_sizes, x.device)
         return k.grouped_dequant_linear(x, off, experts.fmt, experts.packed(proj))
     return grouped_mm(x, _chunk_weights(experts, proj, expert_ids, x.dtype, k), group_sizes)
@@ -88,7 +99,7 @@ def dequant_grouped(x: Tensor, experts, proj: str, expert_ids: Tensor, group_siz
 
 def dequant_grouped_dx(dy: Tensor, experts, proj: str, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
     k = _cuda_kernels(dy, experts.fmt)
-    if k is not None and _fused(k, dy.shape[0]):
+    if k is not None and fused_grouped(experts.fmt, dy.shape[0], len(group_sizes), dy.device):
         off = _offsets(experts, expert_ids, group_sizes, dy.device)
         return k.grouped_dequant_linear_dx(dy, off, experts.fmt, experts.packed(proj))
     return grouped_mm(dy, _chunk_weights(experts, proj, expert_ids, dy.dtype, k).transpose(1, 2), group_sizes)

@@ -56,6 +56,11 @@ class QuantExperts(Experts):
             packed = {k: v[expert_ids] for k, v in packed.items()}
         return self.fmt.dequantize(packed, dtype or self.compute_dtype)
 
+    def chunk_size(self, rows: int, num_active: int, device: torch.device) -> int:
+        from .dispatch import fused_grouped
+
+        return num_active if fused_grouped(self.fmt, rows, num_active, device) else self.chunk
+
     def linear(self, proj: str, x: Tensor, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             return _FrozenGroupedFn.apply(x, self, proj, expert_ids, group_sizes)

@@ -119,4 +119,4 @@ class PagedAttention:
         # i reads kv head i // rep, as in repeat_interleave), so the gathered keys are not repeated per head.
         rep = q.shape[1] // h
         out = masked_attention(q.reshape(b, h, rep, -1), kc, vc, self.allowed, scale)  # [B, Hkv, rep, dv]
-        return out.view(b, h * rep, 1, -1)
+        return out.reshape(b, h * rep, 1, -1)
