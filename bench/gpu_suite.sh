@@ -16,8 +16,8 @@ sections=${*:-tests rlstep default rollout}
 for s in $sections; do
   start=$(date +%s)
   case $s in
-    tests)   timeout 150 python3 -m pytest -q -m gpu tests -x -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
-    rollout) timeout 170 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 \
+    tests)   timeout 110 python3 -m pytest -q -m gpu tests -x -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
+    rollout) timeout 200 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 \
                --batches 1 16 64 256 >"$OUT/rollout.log" 2>&1 ;;
     rlstep)  timeout 100 python3 bench/rl_step.py --shape qwen3-1.7b --prompts 8 --gens 8 --new-tokens 256 --steps 4 \
                >"$OUT/rl_step.log" 2>&1 ;;
