@@ -18,6 +18,14 @@ TINY = [
 ]
 
 
+# The shipped pretrained tiny MoE (its rewards vary within a group, so every step moves the adapter).
+SHIPPED = [
+    "adapter.r=4", "data.prompts_per_step=4", "data.eval_size=8", "rollout.group_size=4", "rollout.max_new_tokens=6",
+    "rollout.eval_k=2", "trainer.eval_every=100", "trainer.eval_max_items=4", "trainer.threads=1",
+    "trainer.report=false", "optim.lr=1e-2", "optim.schedule=constant",
+]
+
+
 def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "orbit_lightning.cli", *args]
 

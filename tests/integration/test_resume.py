@@ -7,16 +7,16 @@ import time
 
 import torch
 
-from tests.integration.cli_runs import TINY, adapter, command, run
+from tests.integration.cli_runs import SHIPPED, adapter, command, run
 
 
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     steps = ["trainer.max_steps=6", "trainer.checkpoint_every=1"]
     straight = tmp_path / "straight"
-    run(*TINY, *steps, f"trainer.output_dir={straight}")
+    run(*SHIPPED, *steps, f"trainer.output_dir={straight}")
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(command(*TINY, *steps, f"trainer.output_dir={killed}"), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command(*SHIPPED, *steps, f"trainer.output_dir={killed}"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
     def reached_step_2() -> bool:  # ModelCheckpoint writes step=N.ckpt after optimizer step N
@@ -30,7 +30,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     proc.wait()
     assert not (killed / "adapter").exists()  # it really died before finishing
 
-    run(*TINY, *steps, f"trainer.output_dir={killed}", "trainer.resume=auto")
+    run(*SHIPPED, *steps, f"trainer.output_dir={killed}", "trainer.resume=auto")
     a, b = adapter(straight), adapter(killed)
     assert a.keys() == b.keys() and len(a) > 0
     for k in a:
