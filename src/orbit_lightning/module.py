@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from .adapters import adapter_state_dict, copy_into_slot, trainable_parameters
-from .algorithms import get_advantage, kl_penalized_rewards, pass_at_k
+from .algorithms import get_advantage, group_keep_mask, kl_penalized_rewards, pass_at_k
 from .algorithms.config import AlgoConfig
 from .rewards.runner import RewardResult, RewardRunner
 from .rl.config import OptimConfig, RolloutConfig
-from .rl.experience import Experience, pack_sequences
+from .rl.experience import Experience, Samples
 from .rl.loss import loss_denominator, micro_batch_loss, micro_batches, score_no_grad
 from .rl.phases import PhaseTimer
 
@@ -55,6 +55,8 @@ class RLModule(L.LightningModule):
         self.phases = PhaseTimer()
         self.last_samples: list[dict] = []
         self.last_eval: dict[str, float] = {}
+        self._refill_sampler = None  # DAPO dynamic sampling's extra prompts (seeded, checkpointed)
+        self._refill_state: dict | None = None
 
     # ---- setup -------------------------------------------------------------------------------------
 
@@ -113,47 +115,82 @@ class RLModule(L.LightningModule):
         params = [self.sampling_params(n, temperature, mix_seed(self.seed, salt, it["index"])) for it in items]
         return self.engine.generate([it["prompt_ids"] for it in items], params)
 
-    def collect(self, items: list[dict]) -> tuple[Experience, dict[str, float]]:
-        """Rollout + rewards -> an Experience (without advantages/log-probs yet)."""
-        g = self.rollout_cfg.group_size
-        outputs = self.generate(items, g, self.rollout_cfg.temperature, salt=self.rl_step)
-        prompts, comps, lps, texts, meta, versions, prompt_txt = [], [], [], [], [], [], []
+    def sample(self, items: list[dict], salt: int) -> tuple[Samples, int]:
+        """Generate G samples per prompt and score them -> (samples, number of prompts the engine rejected)."""
+        outputs = self.generate(items, self.rollout_cfg.group_size, self.rollout_cfg.temperature, salt=salt)
         rejected = [(it, out.error) for it, out in zip(items, outputs, strict=True) if getattr(out, "error", None)]
         for it, err in rejected:  # e.g. a prompt longer than the context: skip it, keep the run going
             log.warning("rl_step %d: prompt %s rejected by the rollout engine: %s", self.rl_step, it["index"], err)
         if len(rejected) == len(items):
             raise ValueError(f"every prompt of rl_step {self.rl_step} was rejected by the rollout engine, e.g. "
                              f"{rejected[0][1]}; check data.max_prompt_tokens against the model's context")
-        for it, out in zip(items, outputs, strict=True):
-            if getattr(out, "error", None):
-                continue
-            for c in out.outputs:
-                prompts.append(it["prompt_ids"])
-                comps.append(list(c.token_ids))
-                lps.append(list(c.logprobs))
-                texts.append(self.tokenizer.decode(c.token_ids))
-                meta.append({**it.get("metadata", {}), "answer": it.get("answer")})
-                prompt_txt.append(it["prompt"])
-                versions.append(-1 if c.adapter_version is None else int(c.adapter_version))
-        result = self.compute_rewards(prompt_txt, texts, meta)
-        ids, attn, cmask, rlp, p = pack_sequences(prompts, comps, lps, pad_id=self.tokenizer.pad_token_id)
-        valid = result.valid.bool()
-        exp = Experience(input_ids=ids, attention_mask=attn, completion_mask=cmask, rollout_logprobs=rlp,
-                         rewards=result.rewards.float(), reward_valid=valid,
-                         adapter_versions=torch.tensor(versions), prompt_len=p, group_size=g)
-        exp.loss_mask = cmask * valid[:, None].float()
-        n_valid = max(int(valid.sum()), 1)
-        metrics = {"reward/mean": float(result.rewards[valid].sum()) / n_valid,
-                   "rollout/rejected_prompts": float(len(rejected)),
-                   "reward/failed_fraction": 1.0 - valid.float().mean().item(),
-                   "response/length_mean": cmask.sum(-1).mean().item(),
-                   "response/length_max": cmask.sum(-1).max().item()}
-        for name, vals in result.per_function.items():
+        rows = [(it, c) for it, out in zip(items, outputs) if not getattr(out, "error", None) for c in out.outputs]
+        texts = [self.tokenizer.decode(c.token_ids) for _, c in rows]
+        prompts = [it["prompt"] for it, _ in rows]
+        result = self.compute_rewards(prompts, texts, [{**it.get("metadata", {}), "answer": it.get("answer")}
+                                                       for it, _ in rows])
+        samples = Samples(prompt_ids=[it["prompt_ids"] for it, _ in rows],
+                          completion_ids=[list(c.token_ids) for _, c in rows],
+                          logprobs=[list(c.logprobs) for _, c in rows], prompts=prompts, completions=texts,
+                          versions=[-1 if c.adapter_version is None else int(c.adapter_version) for _, c in rows],
+                          rewards=result.rewards.float(), valid=result.valid.bool(), per_function=result.per_function)
+        return samples, len(rejected)
+
+    def collect(self, items: list[dict]) -> tuple[Experience, dict[str, float]]:
+        """Rollout + rewards -> an Experience (without advantages/log-probs yet).
+
+        With `algo.dynamic_sampling` (DAPO), groups whose rewards are all equal carry no signal: they are dropped
+        and more prompts (from a seeded refill stream saved in checkpoints) are generated until the batch is full
+        again or `algo.max_sampling_rounds` is reached.
+        """
+        g = self.rollout_cfg.group_size
+        samples, rejected = self.sample(items, salt=self.rl_step)
+        metrics: dict[str, float] = {}
+        if self.algo.dynamic_sampling:
+            samples, metrics = self._refill(samples, len(items))
+        exp = samples.to_experience(g, self.tokenizer.pad_token_id)
+        valid, cmask = exp.reward_valid, exp.completion_mask
+        metrics.update({"reward/mean": float(samples.rewards[valid].sum()) / max(int(valid.sum()), 1),
+                        "rollout/rejected_prompts": float(rejected),
+                        "reward/failed_fraction": 1.0 - valid.float().mean().item(),
+                        "response/length_mean": cmask.sum(-1).mean().item(),
+                        "response/length_max": cmask.sum(-1).max().item()})
+        for name, vals in samples.per_function.items():
             ok = ~torch.isnan(vals)
             metrics[f"reward/{name}"] = vals[ok].mean().item() if ok.any() else float("nan")
-        self.last_samples = [{"prompt": prompt_txt[i], "completion": texts[i], "reward": float(result.rewards[i])}
-                             for i in range(0, len(texts), g)]
+        self.last_samples = [{"prompt": samples.prompts[i], "completion": samples.completions[i],
+                              "reward": float(samples.rewards[i])} for i in range(0, len(samples.prompts), g)]
         return exp, metrics
+
+    def _refill(self, samples: Samples, target_groups: int) -> tuple[Samples, dict[str, float]]:
+        g = self.rollout_cfg.group_size
+        kept, n_kept, rounds = [], 0, 0
+        dataset = self.trainer.datamodule.train_dataset
+        while True:
+            keep = group_keep_mask(samples.rewards, g, samples.valid)
+            kept.append(samples.select_groups(keep, g))
+            n_kept += int(keep.sum())
+            rounds += 1
+            if n_kept >= target_groups or rounds >= self.algo.max_sampling_rounds:
+                break
+            extra = [dataset[i] for i in self.refill_sampler(len(dataset)).next_batch()]
+            samples, _ = self.sample(extra, salt=mix_seed(self.rl_step, rounds))
+        out = Samples.concat(kept)
+        n = min(n_kept, target_groups) * g
+        if n == 0:  # nothing informative after every round: train on the last round (zero advantages)
+            return samples, {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/kept_groups": 0.0}
+        out = out.select_groups(torch.arange(n_kept) < target_groups, g) if n_kept > target_groups else out
+        return out, {"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/kept_groups": float(n_kept)}
+
+    def refill_sampler(self, num_items: int):
+        if self._refill_sampler is None:
+            from .data.sampler import ResumableBatchSampler
+
+            self._refill_sampler = ResumableBatchSampler(num_items, self.trainer.datamodule.prompts_per_step,
+                                                         seed=mix_seed(self.seed, 7))
+            if self._refill_state is not None:  # resumed: continue the refill stream where it stopped
+                self._refill_sampler.load_state_dict(self._refill_state)
+        return self._refill_sampler
 
     def prepare(self, exp: Experience) -> dict[str, float]:
         """Old and reference log-probs, then advantages (KL may shape the rewards first)."""
@@ -259,7 +296,8 @@ class RLModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = {f"adapter.{k}": v.detach().cpu() for k, v in adapter_state_dict(self.model).items()}
-        checkpoint["orbit"] = {"rl_step": self.rl_step, "rng": _rng_state()}
+        checkpoint["orbit"] = {"rl_step": self.rl_step, "rng": _rng_state(),
+                               "refill": self._refill_sampler.state_dict() if self._refill_sampler else None}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = {k.removeprefix("adapter."): v for k, v in checkpoint["state_dict"].items()}
@@ -269,6 +307,7 @@ class RLModule(L.LightningModule):
         self.rl_step = orbit.get("rl_step", 0)
         if "rng" in orbit:
             _set_rng_state(orbit["rng"])
+        self._refill_state = orbit.get("refill")
 
 
 def mix_seed(*values: int) -> int:

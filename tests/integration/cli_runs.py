@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 # A tiny, fast, deterministic configuration: random-weight tiny MoE preset, INT4 base, LoRA incl. experts.
 TINY = [
-    "model.path=tiny-qwen3-moe", "+model.overrides.vocab_size=47", "+model.overrides.eos_token_id=2", "quant=int4", "adapter.r=4",
+    "model.path=tiny-qwen3-moe", "+model.overrides.vocab_size=47", "+model.overrides.eos_token_id=2", "quant=int4",
+    "adapter.r=4",
     "adapter.target_modules=[q_proj,o_proj,gate_proj,up_proj,down_proj]",
     "data.prompts_per_step=4", "data.train_size=200", "data.eval_size=8", "rollout.group_size=4",
     "rollout.max_new_tokens=4", "rollout.eval_k=2", "trainer.eval_every=100", "trainer.eval_max_items=4",

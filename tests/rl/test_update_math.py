@@ -1,6 +1,7 @@
 """RL-step plumbing without an engine: sequence packing and micro-batched gradients equal the unsplit batch."""
 
 import peft
+import pytest
 import torch
 
 from orbit_lightning import add_adapter, load_model
@@ -45,28 +46,28 @@ def test_scores_align_with_completion_tokens():
     assert torch.allclose(exp.old_logprobs, full[:, exp.prompt_len - 1: exp.prompt_len - 1 + c], atol=1e-6)
 
 
-def test_micro_batched_gradients_equal_the_full_minibatch():
-    for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
-        model = load_model("tiny-qwen3-moe", dtype=torch.float32, quant="int4")
-        add_adapter(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "experts"]))
-        with torch.no_grad():
-            for p in trainable_parameters(model):
-                p.add_(0.01 * torch.randn_like(p))
-        exp = _experience(model, n=8, g=4)
-        cfg = AlgoConfig(loss_agg=mode, kl_coef=0.0)
-        denom = loss_denominator(exp.loss_mask, mode)
-        rows = torch.arange(exp.num_samples)
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_micro_batched_gradients_equal_the_full_minibatch(mode):
+    model = load_model("tiny-qwen3-moe", dtype=torch.float32, quant="int4")
+    add_adapter(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "experts"]))
+    with torch.no_grad():
+        for p in trainable_parameters(model):
+            p.add_(0.01 * torch.randn_like(p))
+    exp = _experience(model, n=8, g=4)
+    cfg = AlgoConfig(loss_agg=mode, kl_coef=0.0)
+    denom = loss_denominator(exp.loss_mask, mode)
+    rows = torch.arange(exp.num_samples)
 
-        def grads(splits):
-            for p in trainable_parameters(model):
-                p.grad = None
-            for r in splits:
-                loss, _ = micro_batch_loss(model, exp.select(r), cfg, denom, max_tokens=8)
-                loss.backward()
-            return [p.grad.clone() for p in trainable_parameters(model)]
+    def grads(splits):
+        for p in trainable_parameters(model):
+            p.grad = None
+        for r in splits:
+            loss, _ = micro_batch_loss(model, exp.select(r), cfg, denom, max_tokens=8)
+            loss.backward()
+        return [p.grad.clone() for p in trainable_parameters(model)]
 
-        whole = grads([rows])
-        split = grads(micro_batches(rows, exp, token_budget=2 * exp.input_ids.shape[1]))
-        assert len(micro_batches(rows, exp, token_budget=2 * exp.input_ids.shape[1])) == 4
-        for a, b in zip(whole, split):
-            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), mode
+    whole = grads([rows])
+    split = grads(micro_batches(rows, exp, token_budget=2 * exp.input_ids.shape[1]))
+    assert len(micro_batches(rows, exp, token_budget=2 * exp.input_ids.shape[1])) == 4
+    for a, b in zip(whole, split):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), mode

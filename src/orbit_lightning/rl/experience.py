@@ -53,6 +53,46 @@ class Experience(Trajectory):
         return type(self)(**out)
 
 
+@dataclass
+class Samples:
+    """Generated samples before packing: G contiguous per prompt, plus their rewards (step 2–3 raw form)."""
+
+    prompt_ids: list[list[int]]  # N prompts (each repeated G times)
+    completion_ids: list[list[int]]  # N completions
+    logprobs: list[list[float]]  # N engine log-probs, one per completion token
+    prompts: list[str]  # N prompt texts
+    completions: list[str]  # N decoded completions
+    versions: list[int]  # N adapter versions (-1: no adapter)
+    rewards: Tensor  # [N] float32
+    valid: Tensor  # [N] bool
+    per_function: dict[str, Tensor]  # name -> [N] float32, NaN where missing
+
+    def select_groups(self, keep: Tensor, group_size: int) -> Samples:
+        """Only the groups (of `group_size` rows) where keep [B] is True."""
+        rows = [i for i, k in enumerate(keep.repeat_interleave(group_size).tolist()) if k]
+        idx = torch.tensor(rows, dtype=torch.long)
+        pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+        return Samples(pick(self.prompt_ids), pick(self.completion_ids), pick(self.logprobs), pick(self.prompts),
+                       pick(self.completions), pick(self.versions), self.rewards[idx], self.valid[idx],
+                       {k: v[idx] for k, v in self.per_function.items()})
+
+    @staticmethod
+    def concat(parts: list[Samples]) -> Samples:
+        cat = lambda name: [x for p in parts for x in getattr(p, name)]  # noqa: E731
+        keys = parts[0].per_function
+        return Samples(cat("prompt_ids"), cat("completion_ids"), cat("logprobs"), cat("prompts"), cat("completions"),
+                       cat("versions"), torch.cat([p.rewards for p in parts]), torch.cat([p.valid for p in parts]),
+                       {k: torch.cat([p.per_function[k] for p in parts]) for k in keys})
+
+    def to_experience(self, group_size: int, pad_id: int) -> Experience:
+        ids, attn, cmask, rlp, p = pack_sequences(self.prompt_ids, self.completion_ids, self.logprobs, pad_id)
+        valid = self.valid.bool()
+        return Experience(input_ids=ids, attention_mask=attn, completion_mask=cmask, rollout_logprobs=rlp,
+                          rewards=self.rewards.float(), reward_valid=valid,
+                          adapter_versions=torch.tensor(self.versions, dtype=torch.long), prompt_len=p,
+                          group_size=group_size, loss_mask=cmask * valid[:, None].float())
+
+
 def _move(v, device):
     return v.to(device) if isinstance(v, Tensor) else v
 
