@@ -20,3 +20,4 @@ def cpu_kernels():
     """Skip (with the reason) when the interpreter could not be enabled for this process."""
     if not kernels.kernels_available("cpu"):
         pytest.skip("orbit_lightning.kernels was imported before TRITON_INTERPRET=1 was set")
+
