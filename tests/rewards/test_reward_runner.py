@@ -76,7 +76,7 @@ def test_hung_calls_do_not_starve_the_pool():
 
 
 def test_bad_specs_and_inputs():
-    with pytest.raises(KeyError, match="registered rewards"):
+    with pytest.raises(KeyError, match="registered: "):
         RewardRunner([("not_registered", 1.0)])
     with pytest.raises(ValueError, match="twice"):
         RewardRunner([(exact, 1.0), (exact, 2.0)])

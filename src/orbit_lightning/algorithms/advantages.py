@@ -21,31 +21,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..registry import Registry
 from ._common import check_groups, float_mask, safe_denominator
 
 AdvantageFn = Callable[..., Tensor]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an estimator under ``name`` (must follow the module's common signature)."""
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered; pick another name")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """The estimator registered under ``name``."""
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-        raise ValueError(f"unknown advantage estimator {name!r}; registered: {known}") from None
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+register_advantage = ADVANTAGE_ESTIMATORS.register  # decorator; estimators follow the module's common signature
+get_advantage = ADVANTAGE_ESTIMATORS.lookup
 
 
 @dataclass(frozen=True)

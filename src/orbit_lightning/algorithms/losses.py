@@ -19,10 +19,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..registry import Registry
 from ._common import check_token_tensor, compute_dtype, float_mask, masked_mean, masked_sum, safe_denominator
 
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 # exp() of a float32 log-ratio overflows past ~88 and the loss/grad turn inf/NaN. A ratio of e^20 ≈ 5e8 is
@@ -30,25 +31,8 @@ AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_no
 DEFAULT_MAX_LOG_RATIO = 20.0
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under ``name`` (must follow the module's common signature)."""
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered; pick another name")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The policy loss registered under ``name``."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        known = ", ".join(sorted(POLICY_LOSSES))
-        raise ValueError(f"unknown policy loss {name!r}; registered: {known}") from None
+register_policy_loss = POLICY_LOSSES.register  # decorator; losses follow the module's common signature
+get_policy_loss = POLICY_LOSSES.lookup
 
 
 def _prepare(

@@ -49,11 +49,6 @@ def quantize_model(model: nn.Module, fmt: str, skip: Iterable[str] = DEFAULT_SKI
     return model
 
 
-def quantize_model_skeleton(model: nn.Module, fmt: str) -> nn.Module:
-    """On a meta-device model: swap modules so that `to_empty` allocates packed storage only."""
-    return quantize_model(model, fmt)
-
-
 def checkpoint_format(hf_config: dict):
     """The packed format a checkpoint's config.json declares (compressed-tensors int4, DeepSeek fp8), or None."""
     qc = hf_config.get("quantization_config")

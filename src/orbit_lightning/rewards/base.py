@@ -14,41 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..registry import Registry
+
 RewardFn = Callable[[str, str, dict[str, Any]], float]
 
-REWARDS: dict[str, RewardFn] = {}
-
-
-def register_reward(name: str, *, overwrite: bool = False) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering ``fn`` under ``name``; returns ``fn`` unchanged.
-
-    Re-registering a taken name is an error unless ``overwrite=True``, so two plugins cannot silently
-    shadow each other.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
-
-    def decorator(fn: RewardFn) -> RewardFn:
-        if not callable(fn):
-            raise TypeError(f"register_reward({name!r}) needs a callable, got {type(fn).__name__}")
-        if name in REWARDS and REWARDS[name] is not fn and not overwrite:
-            raise ValueError(
-                f"a reward named {name!r} is already registered ({REWARDS[name]!r}); "
-                "pick another name or pass overwrite=True"
-            )
-        REWARDS[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_reward(name: str) -> RewardFn:
-    """The registered reward function called ``name``."""
-    try:
-        return REWARDS[name]
-    except KeyError:
-        known = ", ".join(sorted(REWARDS)) or "(none)"
-        raise KeyError(f"unknown reward {name!r}; registered rewards: {known}") from None
+REWARDS: Registry[RewardFn] = Registry("reward")
+register_reward = REWARDS.register  # decorator: @register_reward("name") def fn(prompt, completion, metadata)
+get_reward = REWARDS.lookup
 
 
 def reward_name(fn: RewardFn) -> str:
