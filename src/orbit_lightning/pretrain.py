@@ -126,7 +126,6 @@ def pretrain(cfg: PretrainConfig) -> Path:
             curve.append({"step": step, "loss": round(loss.item(), 4), "eval_accuracy": acc,
                           "seconds": round(time.time() - t0, 1)})
             log.info("pretrain step %d loss %.4f eval accuracy %.3f", step, loss.item(), acc)
-            print(f"pretrain step {step} loss {loss.item():.4f} eval accuracy {acc:.3f}", flush=True)
             if acc >= cfg.target_accuracy:
                 break
     return save_pretrained(model, tok, cfg, curve)
