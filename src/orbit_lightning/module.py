@@ -28,6 +28,8 @@ from .rl.phases import PhaseTimer
 
 log = logging.getLogger(__name__)
 
+_ADDITIVE_METRICS = {"loss/policy", "loss/kl", "entropy"}
+
 
 class RLModule(L.LightningModule):
     def __init__(
@@ -62,6 +64,10 @@ class RLModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         self.phases.device = self.device
+
+    def on_fit_start(self) -> None:
+        # After the strategy's setup, which places the engine (colocated or on its own GPU); a plain Trainer
+        # without our strategies gets a colocated engine here.
         if self.engine is None:
             self.engine = self.build_engine()
 
@@ -79,7 +85,10 @@ class RLModule(L.LightningModule):
         if not params:
             raise ValueError("the model has no trainable parameters; add an adapter (orbit_lightning.add_adapter)")
         opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
-        total = max(1, self.trainer.max_steps) if self.trainer.max_steps > 0 else 1
+        if o.schedule == "cosine" and self.trainer.max_steps <= 0:
+            raise ValueError("optim.schedule=cosine needs the Trainer's max_steps (the schedule's length); set "
+                             "trainer.max_steps or use optim.schedule=constant")
+        total = max(1, self.trainer.max_steps)
 
         def factor(step: int) -> float:
             warm = min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps else 1.0
@@ -217,13 +226,14 @@ class RLModule(L.LightningModule):
         opt, sched = self.optimizers(), self.lr_schedulers()
         a = self.algo
         max_tokens = a.max_tokens or self.rollout_cfg.max_new_tokens
-        n = exp.num_samples
         sums: dict[str, float] = {}
-        count = 0
+        micro_count = steps = 0
         gen = torch.Generator().manual_seed(mix_seed(self.seed, 1 << 20, self.rl_step))
         for _ in range(a.updates_per_step):
-            order = torch.randperm(n, generator=gen)
-            for mb_rows in order.chunk(a.minibatches):
+            order = torch.randperm(exp.num_samples, generator=gen)
+            # Always exactly `minibatches` optimizer steps (an empty piece is a no-op step), so Lightning's
+            # global_step stays rl_step * updates_per_step * minibatches and checkpoint cadence holds.
+            for mb_rows in torch.tensor_split(order, a.minibatches):
                 mb = exp.select(mb_rows)
                 denom = loss_denominator(mb.loss_mask, a.loss_agg)
                 for rows in micro_batches(torch.arange(len(mb_rows)), mb, a.micro_batch_tokens):
@@ -231,18 +241,22 @@ class RLModule(L.LightningModule):
                     self.manual_backward(loss)
                     for k, v in metrics.items():
                         sums[k] = sums.get(k, 0.0) + float(v)
-                    count += 1
+                    micro_count += 1
                 norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), a.grad_clip)
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm) * (count / max(1, a.minibatches))
                 if not torch.isfinite(norm):
                     opt.zero_grad(set_to_none=True)
-                    raise FloatingPointError(f"non-finite gradient norm at rl_step {self.rl_step}; the adapter was "
-                                             "not updated (the last checkpoint is intact)")
+                    raise FloatingPointError(
+                        f"non-finite gradient norm at rl_step {self.rl_step} (optimizer step {steps + 1} of this "
+                        f"RL step); this step's update was skipped; a crash checkpoint is written")
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 sched.step()
-        out = {k: v / max(count, 1) for k, v in sums.items() if k != "grad_norm"}
-        out["grad_norm"] = sums.get("grad_norm", 0.0) / max(count, 1)
+                steps += 1
+        # Loss terms are partial sums over a minibatch's micro-batches (each divides by the whole minibatch's
+        # denominator): average them per optimizer step. Ratios and fractions are per-micro-batch statistics.
+        out = {k: v / (steps if k in _ADDITIVE_METRICS else max(micro_count, 1)) for k, v in sums.items()}
+        out["grad_norm"] = sums.get("grad_norm", 0.0) / max(steps, 1)
         out["lr"] = sched.get_last_lr()[0]
         return out
 
@@ -277,15 +291,19 @@ class RLModule(L.LightningModule):
         sampled = self.generate(items, k, self.rollout_cfg.eval_temperature, salt=-2) if k > 1 else None
         prompts = [it["prompt"] for it in items]
         meta = [{**it.get("metadata", {}), "answer": it.get("answer")} for it in items]
-        g_text = [self.tokenizer.decode(o.outputs[0].token_ids) for o in greedy]
+        # A prompt the engine rejects (e.g. too long for the context) counts as wrong, and is reported.
+        ok = torch.tensor([not getattr(o, "error", None) for o in greedy])
+        g_text = [self.tokenizer.decode(o.outputs[0].token_ids) if o.outputs else "" for o in greedy]
         g_rew = self.compute_rewards(prompts, g_text, meta)
-        correct = (g_rew.rewards > 0.5) & g_rew.valid
-        metrics = {"eval/accuracy": correct.float().mean().item()}
+        correct = (g_rew.rewards > 0.5) & g_rew.valid & ok
+        metrics = {"eval/accuracy": correct.float().mean().item(), "eval/rejected": float((~ok).sum())}
         if sampled is not None:
-            texts = [self.tokenizer.decode(c.token_ids) for o in sampled for c in o.outputs]
+            texts = [self.tokenizer.decode(o.outputs[j].token_ids) if j < len(o.outputs) else ""
+                     for o in sampled for j in range(k)]
             rep = [x for x in prompts for _ in range(k)], [m for m in meta for _ in range(k)]
             s_rew = self.compute_rewards(rep[0], texts, rep[1])
-            n_correct = ((s_rew.rewards > 0.5) & s_rew.valid).view(len(items), k).sum(-1)
+            hits = (s_rew.rewards > 0.5) & s_rew.valid & ok.repeat_interleave(k)
+            n_correct = hits.view(len(items), k).sum(-1)
             for kk in sorted({1, k}):
                 metrics[f"eval/pass@{kk}"] = pass_at_k(n_correct, k, kk).mean().item()
         table = [{"prompt": p, "answer": m.get("answer"), "greedy": t, "correct": bool(c)}
@@ -297,7 +315,8 @@ class RLModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = {f"adapter.{k}": v.detach().cpu() for k, v in adapter_state_dict(self.model).items()}
         checkpoint["orbit"] = {"rl_step": self.rl_step, "rng": _rng_state(),
-                               "refill": self._refill_sampler.state_dict() if self._refill_sampler else None}
+                               "refill": self._refill_sampler.state_dict() if self._refill_sampler
+                               else self._refill_state}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = {k.removeprefix("adapter."): v for k, v in checkpoint["state_dict"].items()}

@@ -116,3 +116,13 @@ def test_bad_adapter_configs(tmp_path):
         add_adapter(load_model("tiny-qwen3"), peft.LoraConfig(r=0, target_modules=["q_proj"]))
     with pytest.raises(FileNotFoundError, match="not a PEFT adapter directory"):
         load_adapter(load_model("tiny-qwen3"), tmp_path)
+
+
+def test_loading_an_adapter_with_another_scaling_is_rejected(tmp_path):
+    a = load_model("tiny-qwen3")
+    add_adapter(a, peft.LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj"]))
+    save_adapter(a, tmp_path / "ad")
+    b = load_model("tiny-qwen3")
+    add_adapter(b, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    with pytest.raises(ValueError, match="lora_alpha=32 but this model's adapter has 8"):
+        load_adapter(b, tmp_path / "ad")

@@ -132,3 +132,31 @@ def test_dequantized_moe_matches_dense_experts_in_fp32():
     w = torch.rand(10, 2)
     with torch.no_grad():
         assert (q(x, ids, w) - dense(x, ids, w)).abs().max() <= 1e-5
+
+
+def test_prequantized_checkpoint_keeps_its_ignored_layers_unpacked(tmp_path):
+    """compressed-tensors `ignore` (here: attention kept in bf16) is honoured: no silent re-quantization."""
+    import json
+
+    from safetensors.torch import save_file
+
+    src = save_hf_model(make_hf_model("qwen3_moe-top2"), tmp_path / "src")
+    packed = load_model(src, quant="int4", dtype=torch.float32)
+    dense = load_model(src, dtype=torch.float32)
+    tensors = {k: v for k, v in export_hf_state_dict(packed, dequantize=False).items() if "self_attn" not in k}
+    tensors.update({k: v for k, v in export_hf_state_dict(dense).items() if "self_attn" in k})
+    out = tmp_path / "ct"
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}},
+        "ignore": ["lm_head", "re:.*self_attn.*"]}
+    (out / "config.json").write_text(json.dumps(cfg))
+    loaded = load_model(out, dtype=torch.float32)
+    q = loaded.model.layers[0].self_attn.q_proj
+    assert type(q) is torch.nn.Linear
+    assert torch.equal(q.weight, dense.model.layers[0].self_attn.q_proj.weight)
+    assert isinstance(loaded.model.layers[0].mlp.experts, QuantExperts)

@@ -57,6 +57,7 @@ def add_adapter(model: nn.Module, peft_config, slots: tuple[str, ...] = ()) -> n
     state = AdapterState()
     for name, module in targets:
         layer = ADAPTER_BUILDERS[kind](name, module, state, peft_config)
+        layer.train(module.training)  # an eval-mode model stays in eval mode (no adapter dropout in rollouts)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer)
     model._orbit_adapter_state = state

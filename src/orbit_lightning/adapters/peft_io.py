@@ -87,6 +87,10 @@ def save_adapter(model: nn.Module, directory: str | Path, slot: str = TRAIN_SLOT
     return directory
 
 
+def _norm(v):
+    return getattr(v, "value", v)  # enums (peft_type) compare by value
+
+
 def _atomic_write(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
@@ -129,6 +133,12 @@ def load_adapter(model: nn.Module, directory: str | Path, slot: str = TRAIN_SLOT
     cfg_dict, tensors = read_adapter(directory)
     if getattr(model, "_orbit_adapter_state", None) is None:
         add_adapter(model, peft_config_from_dir(directory, cfg_dict))
+    else:  # same shapes but another scaling would load silently and change every output
+        have = model._orbit_peft_config.to_dict()
+        for key in ("peft_type", "r", "lora_alpha", "use_rslora", "oft_block_size", "block_share", "coft"):
+            if key in cfg_dict and key in have and _norm(cfg_dict[key]) != _norm(have[key]):
+                raise ValueError(f"adapter at {directory} has {key}={cfg_dict[key]!r} but this model's adapter has "
+                                 f"{have[key]!r}; load it into a model without an adapter (it is added as saved)")
     targets = adapter_state_dict(model, slot)
     missing, extra = targets.keys() - tensors.keys(), tensors.keys() - targets.keys()
     if extra or missing:

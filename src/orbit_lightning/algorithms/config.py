@@ -40,3 +40,6 @@ class AlgoConfig:
             raise ValueError(f"algo.importance={self.importance!r} must be null, 'tis' or 'mis'")
         if self.updates_per_step < 1 or self.minibatches < 1:
             raise ValueError("algo.updates_per_step and algo.minibatches must be >= 1")
+        if not self.grad_clip > 0:
+            raise ValueError(f"algo.grad_clip must be > 0 (a max gradient norm), got {self.grad_clip}; "
+                             "use a large value such as 1e9 to effectively disable clipping")

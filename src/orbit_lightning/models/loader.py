@@ -39,7 +39,7 @@ def load_model(
 ) -> CausalLM:
     """Load a HF checkpoint dir or build a preset. `quant` in {"int4", "int4-g64", "int4-g128", "fp8", "mxfp4",
     "nvfp4", "nf4"} keeps linear layers and routed experts packed; a pre-quantized checkpoint loads as is."""
-    from ..quant.apply import checkpoint_format, quantize_model
+    from ..quant.apply import DEFAULT_SKIP, checkpoint_format, checkpoint_skip, quantize_model
 
     device = torch.device(device or "cpu")
     name = str(path_or_preset)
@@ -61,7 +61,8 @@ def load_model(
         model = CausalLM(cfg)
     model.to(dtype)
     if fmt_name is not None:  # on the meta device: `to_empty` then allocates packed storage only
-        quantize_model(model, fmt_name)
+        # A pre-quantized checkpoint's own ignore list wins: those layers ship unpacked and stay that way.
+        quantize_model(model, fmt_name, skip=DEFAULT_SKIP + (checkpoint_skip(hf) if ckpt_fmt else ()))
     model.to_empty(device=device)
     model.model.rotary = make_rotary(cfg).to(device)  # non-persistent buffers are not in checkpoints
     if cfg.tie_word_embeddings:

@@ -63,3 +63,13 @@ def checkpoint_format(hf_config: dict):
         return fp8_from_quantization_config(qc)
     raise ValueError(f"unsupported quantization_config.quant_method {method!r} in config.json "
                      "(supported: compressed-tensors pack-quantized int4, fp8 block)")
+
+
+def checkpoint_skip(hf_config: dict) -> tuple[str, ...]:
+    """Regexes of the modules a pre-quantized checkpoint keeps unpacked (compressed-tensors `ignore`, or
+    `modules_to_not_convert`): a "re:" entry is a regex over the whole module name, a plain one a module path."""
+    qc = hf_config.get("quantization_config") or {}
+    out = []
+    for entry in list(qc.get("ignore") or []) + list(qc.get("modules_to_not_convert") or []):
+        out.append(f"^(?:{entry[3:]})$" if entry.startswith("re:") else rf"(^|\.){re.escape(entry)}$")
+    return tuple(out)
