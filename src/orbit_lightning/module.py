@@ -55,7 +55,6 @@ class RLModule(L.LightningModule):
         self.strict_loading = False  # checkpoints hold the adapter only, never the frozen base
         self.rl_step = 0
         self.phases = PhaseTimer()
-        self.last_samples: list[dict] = []
         self.last_eval: dict[str, float] = {}
         self._refill_sampler = None  # DAPO dynamic sampling's extra prompts (seeded, checkpointed)
         self._refill_state: dict | None = None
@@ -167,8 +166,6 @@ class RLModule(L.LightningModule):
         for name, vals in samples.per_function.items():
             ok = ~torch.isnan(vals)
             metrics[f"reward/{name}"] = vals[ok].mean().item() if ok.any() else float("nan")
-        self.last_samples = [{"prompt": samples.prompts[i], "completion": samples.completions[i],
-                              "reward": float(samples.rewards[i])} for i in range(0, len(samples.prompts), g)]
         return exp, metrics
 
     def _refill(self, samples: Samples, target_groups: int) -> tuple[Samples, dict[str, float]]:

@@ -35,8 +35,9 @@ def export_hf_state_dict(model: nn.Module, dequantize: bool = True,
                 out[f"{hp}.bias"] = module.bias.to(dtype or module.bias.dtype)
         elif isinstance(module, QuantExperts):
             for proj in module.PROJECTIONS:
-                for e in range(module.num_experts):
-                    idx = torch.tensor([e], device=module.packed(proj)[next(iter(module.packed(proj)))].device)
+                device = next(iter(module.packed(proj).values())).device
+                for e in range(module.num_experts):  # one expert at a time: the BF16 transient stays small
+                    idx = torch.tensor([e], device=device)
                     if dequantize:
                         out[f"{hp}.{e}.{proj}.weight"] = module.dequantize(proj, idx, dtype)[0]
                     else:
