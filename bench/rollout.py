@@ -20,7 +20,12 @@ import datetime
 import gc
 import json
 import os
+import sys
 import time
+
+# The script's own directory holds bench/kernels.py, which transformers would mistake for the HF `kernels`
+# package (it probes that name on import): drop the directory from the import path.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 import peft
 import torch
@@ -48,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="profile this many steady decode steps of each run and print the top kernels")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-max-batch", type=int, default=256)
     ap.add_argument("--logprob-samples", type=int, default=8)
@@ -130,9 +137,15 @@ def run_engine(args, model, batch: int) -> tuple[dict, list]:
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_new_tokens=n_new, ignore_eos=True, seed=i))
     step_times, outs = [], []
+    prof = None
     t_all = time.perf_counter()
     while engine.has_unfinished():
         before = engine.stats()
+        if args.profile and len(step_times) == 8 and prof is None:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
+            prof_start, prof_steps = time.perf_counter(), len(step_times)
         sync(device)
         t = time.perf_counter()
         outs += engine.step(stream=False)
@@ -141,12 +154,28 @@ def run_engine(args, model, batch: int) -> tuple[dict, list]:
         captured = engine.stats()["graphs_captured"] != before["graphs_captured"]
         if before["waiting"] == 0 and before["running"] == batch and not captured:
             step_times.append(dt)
+        if prof is not None and prof_steps >= 0 and len(step_times) - prof_steps >= args.profile:
+            sync(device)
+            prof.__exit__(None, None, None)
+            print_profile(prof, len(step_times) - prof_steps, time.perf_counter() - prof_start, batch)
+            prof_steps = -1
     wall = time.perf_counter() - t_all
     step = sum(step_times) / max(len(step_times), 1)
     row = dict(batch=batch, engine_step_ms=1e3 * step, engine_tok_s=batch / step, decode_steps=len(step_times),
                engine_wall_s=wall, cuda_graphs=engine.stats()["cuda_graphs"])
     del engine
     return row, outs
+
+
+def print_profile(prof, steps: int, wall_s: float, batch: int) -> None:
+    """Per decode step: wall time, summed GPU kernel time, and the kernels that take it."""
+    events = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    gpu_us = sum(e.device_time_total for e in events) / steps
+    print(f"[profile] batch {batch}: {steps} steps, wall {1e3 * wall_s / steps:.3f} ms/step, "
+          f"GPU kernels {gpu_us / 1e3:.3f} ms/step", flush=True)
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:18]:
+        print(f"[profile]   {e.device_time_total / steps:9.1f} us/step {e.count / steps:6.1f}x  {e.key[:90]}",
+              flush=True)
 
 
 def logprob_diff(model, outs, prompts_n: int) -> dict:

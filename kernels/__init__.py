@@ -18,10 +18,13 @@ from .linear import (
     dequant_linear_dx,
     grouped_dequant_linear,
     grouped_dequant_linear_dx,
+    grouped_linear,
     int4_linear,
     int4_linear_dx,
     kernels_available,
+    linear,
 )
+from .logsumexp import logsumexp
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
 from .rmsnorm import rms_norm
 
@@ -34,10 +37,13 @@ __all__ = [
     "dequant_linear_dx",
     "grouped_dequant_linear",
     "grouped_dequant_linear_dx",
+    "grouped_linear",
     "int4_linear",
     "int4_linear_dx",
     "is_batch_invariant",
     "kernels_available",
+    "linear",
+    "logsumexp",
     "rms_norm",
     "set_batch_invariant",
     "supports",

@@ -117,29 +117,33 @@ def load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, gscale, FMT: tl.co
     rows: int [ROWS] row (N) indices; k0 is a multiple of BK, and BK and GROUP are powers of two, so a
     tile holds whole scale groups (BK >= GROUP) or lies inside one group (BK < GROUP).
     """
-    row_ok = rows < n_rows
-    if FMT == 1:  # fp8 128x128 blocks: 128 rows share a scale row
-        srows = rows // 128
+    if FMT == 4:  # plain weights carry no scales: a constant the decoder never reads
+        s = tl.full((ROWS, 1), 1.0, tl.float32)
     else:
-        srows = rows
-    if BK >= GROUP:
-        g = k0 // GROUP + tl.arange(0, BK // GROUP)
-        if K_EVEN:
-            smask = row_ok[:, None] & (g[None, :] >= 0)
+        row_ok = rows < n_rows
+        if FMT == 1:  # fp8 128x128 blocks: 128 rows share a scale row
+            srows = rows // 128
         else:
-            smask = row_ok[:, None] & (g[None, :] < n_groups)
-        s = tl.load(s_ptr + srows[:, None] * stride_sn + g[None, :], mask=smask)
-    else:
-        smask = row_ok[:, None]
-        s = tl.load(s_ptr + srows * stride_sn + k0 // GROUP, mask=row_ok)[:, None]
-    if FMT == 2:  # e8m0 exponent byte -> 2^(e-127) as fp32 bits (e = 0 decodes to 0, e = 255 to inf)
-        s = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    elif FMT == 3:  # fp8 block scale times the per-matrix fp32 global scale
-        s = s.to(tl.float32) * gscale
-    else:
-        s = s.to(tl.float32)
-    # fp8 loads take no `other=`, so masked lanes are zeroed here.
-    return tl.where(smask, s, 0.0)
+            srows = rows
+        if BK >= GROUP:
+            g = k0 // GROUP + tl.arange(0, BK // GROUP)
+            if K_EVEN:
+                smask = row_ok[:, None] & (g[None, :] >= 0)
+            else:
+                smask = row_ok[:, None] & (g[None, :] < n_groups)
+            s = tl.load(s_ptr + srows[:, None] * stride_sn + g[None, :], mask=smask)
+        else:
+            smask = row_ok[:, None]
+            s = tl.load(s_ptr + srows * stride_sn + k0 // GROUP, mask=row_ok)[:, None]
+        if FMT == 2:  # e8m0 exponent byte -> 2^(e-127) as fp32 bits (e = 0 decodes to 0, e = 255 to inf)
+            s = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        elif FMT == 3:  # fp8 block scale times the per-matrix fp32 global scale
+            s = s.to(tl.float32) * gscale
+        else:
+            s = s.to(tl.float32)
+        # fp8 loads take no `other=`, so masked lanes are zeroed here.
+        s = tl.where(smask, s, 0.0)
+    return s
 
 
 @triton.jit
@@ -148,9 +152,16 @@ def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, RO
     """[ROWS, BK] = W[rows, k0:k0+BK], zero outside the matrix; `scales` from load_scales.
 
     float32, or bf16 when FAST_INT4 (int4 only, GPU only): both give the same bf16 values.
-    FMT is one of formats.INT4 / FP8 / MXFP4 / NVFP4. K_EVEN: K % BK == 0, so no tile crosses K.
+    FMT is one of formats.INT4 / FP8 / MXFP4 / NVFP4 / PLAIN (stored dtype). K_EVEN: K % BK == 0, so no tile crosses K.
     """
-    if FAST_INT4:
+    if FMT == 4:  # plain (unquantized) weight: loaded as stored, so the tile loop serves bf16 matmuls too
+        cols = k0 + tl.arange(0, BK)
+        if K_EVEN:
+            mask = (rows[:, None] < N) & (cols[None, :] >= 0)
+        else:
+            mask = (rows[:, None] < N) & (cols[None, :] < K)
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0.0)
+    elif FAST_INT4:
         words = _load_words(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, K_EVEN)
         if BK >= GROUP:  # one scale per word (a word's 8 values never straddle a group)
             word_scales = _expand_groups(scales, ROWS, BK // 8, GROUP // 8)

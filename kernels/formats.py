@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# Integer ids the kernels receive as a constexpr to pick the in-register decoder.
-INT4, FP8, MXFP4, NVFP4 = 0, 1, 2, 3
+# Integer ids the kernels receive as a constexpr to pick the in-register decoder. PLAIN is an unquantized
+# bf16/fp16/fp32 weight read as stored, so the same tile loops give batch-invariant plain matmuls.
+INT4, FP8, MXFP4, NVFP4, PLAIN = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,22 @@ def supports(fmt) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+_PLAIN = KernelFormat("plain", PLAIN, "weight", "weight", torch.bfloat16, torch.bfloat16, 1, None)
+
+
+def plain(weight: Tensor, stacked: bool) -> PackedWeight:
+    """An unquantized weight [N, K] (or stacked experts [E, N, K]) in the kernels' PackedWeight form."""
+    ndim = 3 if stacked else 2
+    if not isinstance(weight, Tensor) or weight.dim() != ndim or not weight.is_floating_point():
+        what = "stacked experts [E, N, K]" if stacked else "a matrix [N, K]"
+        raise ValueError(f"a plain weight must be a floating-point {what}, got {getattr(weight, 'shape', weight)}")
+    if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"plain weights must be bf16, fp16 or fp32, got {weight.dtype}")
+    w = weight if weight.stride(-1) == 1 else weight.contiguous()
+    # The scale slot is never read for PLAIN; the values stand in so every kernel argument is a tensor.
+    return PackedWeight(_PLAIN, w, w, None, w.shape[-2], w.shape[-1], 16, w.shape[0] if stacked else None)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .configs import TileConfig
-from .formats import resolve
+from .formats import plain, resolve
 from .gemm import INTERPRETED, dense_gemm
 from .grouped import grouped_gemm
 
@@ -40,6 +40,18 @@ def dequant_linear_dx(dy: Tensor, fmt: str | QuantFormat, packed: Mapping[str, T
                       config: TileConfig | None = None, **fmt_kw) -> Tensor:
     """dx = dy @ W (gradient w.r.t. the input only). dy: [..., N] -> dx [..., K] in dy.dtype."""
     return dense_gemm(dy, resolve(fmt, packed, stacked=False, **fmt_kw), dx=True, config=config)
+
+
+def linear(x: Tensor, weight: Tensor, *, config: TileConfig | None = None) -> Tensor:
+    """y = x @ weight^T for an unquantized weight [N, K] through the same tile loop as the packed formats
+    (what batch-invariant mode needs for adapters, lm_head and routers). x: [..., K] -> [..., N]."""
+    return dense_gemm(x, plain(weight, stacked=False), dx=False, config=config)
+
+
+def grouped_linear(x_sorted: Tensor, expert_offsets: Tensor, weight: Tensor, *,
+                   config: TileConfig | None = None) -> Tensor:
+    """grouped_dequant_linear for unquantized stacked weights [E, N, K]: y[rows_e] = x[rows_e] @ W_e^T."""
+    return grouped_gemm(x_sorted, expert_offsets, plain(weight, stacked=True), dx=False, config=config)
 
 
 def int4_linear(x: Tensor, packed: Mapping[str, Tensor], group_size: int = 32, *,

@@ -20,6 +20,7 @@ from torch import nn
 from .adapters import adapter_state_dict, copy_into_slot, trainable_parameters
 from .algorithms import get_advantage, group_keep_mask, kl_penalized_rewards, pass_at_k
 from .algorithms.config import AlgoConfig
+from .models.invariant import invariant_mode
 from .rewards.runner import RewardResult, RewardRunner
 from .rl.config import OptimConfig, RolloutConfig
 from .rl.experience import Experience, Samples
@@ -200,6 +201,10 @@ class RLModule(L.LightningModule):
 
     def prepare(self, exp: Experience) -> dict[str, float]:
         """Old and reference log-probs, then advantages (KL may shape the rewards first)."""
+        with invariant_mode(self.rollout_cfg.deterministic):  # the engine's arithmetic, when it is deterministic
+            return self._prepare(exp)
+
+    def _prepare(self, exp: Experience) -> dict[str, float]:
         budget = self.algo.micro_batch_tokens
         with self.phases.phase("old_logprobs"):
             exp.old_logprobs = score_no_grad(self.model, exp, budget)
@@ -220,6 +225,10 @@ class RLModule(L.LightningModule):
         return metrics
 
     def update(self, exp: Experience) -> dict[str, float]:
+        with invariant_mode(self.rollout_cfg.deterministic):  # policy log-probs computed as `prepare` did
+            return self._update(exp)
+
+    def _update(self, exp: Experience) -> dict[str, float]:
         opt, sched = self.optimizers(), self.lr_schedulers()
         a = self.algo
         max_tokens = a.max_tokens or self.rollout_cfg.max_new_tokens

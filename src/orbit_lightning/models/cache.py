@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import invariant
+
 
 class AttentionContext(Protocol):
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
@@ -44,14 +46,45 @@ def causal_mask(key_valid: Tensor | None, tq: int, tk: int, device: torch.device
     return allowed
 
 
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float,
+                     kv_start: Tensor | None = None) -> Tensor:
+    """Causal attention, queries aligned to the end of the keys. `allowed` is the mask of the torch path;
+    in batch-invariant mode the kernel applies the same causal rule from `kv_start` [B] (first real key of
+    each row, i.e. its left padding) instead, counting key blocks from there."""
+    if not invariant.use_kernels(q):
+        return masked_attention(q, k, v, allowed, scale)
+    from orbit_lightning import kernels
+
+    return invariant.with_reference_grad(
+        lambda q_, k_, v_: kernels.attention(q_, k_, v_, scale, kv_start=kv_start),
+        lambda q_, k_, v_: masked_attention(q_, k_, v_, allowed, scale), q, k, v)
+
+
+def left_padding(mask: Tensor) -> Tensor:
+    """[B] count of leading padding of a [B, T] mask that must be one run of real tokens per row (left and
+    right padding only): the kernels count key blocks from the first real token."""
+    valid = mask.bool()
+    start = (valid.long().cumsum(-1) == 0).sum(-1)
+    pos = torch.arange(mask.shape[1], device=mask.device)[None, :]
+    run = (pos >= start[:, None]) & (pos < (start + valid.sum(-1))[:, None])
+    if not bool((run == valid).all()):
+        raise ValueError("batch-invariant attention needs each attention_mask row to be one run of 1s (left and "
+                         "right padding only); got a mask with holes")
+    return start
+
+
 class CausalContext:
     """Teacher forcing over a full (possibly left-padded) batch: no cache."""
 
     def __init__(self, attention_mask: Tensor | None, seq_len: int, device: torch.device):
+        self.mask = attention_mask
         self.allowed = causal_mask(attention_mask, seq_len, seq_len, device)
+        self._kv_start: Tensor | None = None
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-        return masked_attention(q, k, v, self.allowed, scale)
+        if self._kv_start is None and self.mask is not None and invariant.use_kernels(q):
+            self._kv_start = left_padding(self.mask)
+        return causal_attention(q, k, v, self.allowed, scale, self._kv_start)
 
 
 class ContiguousKVCache:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import invariant
 from .config import RopeConfig
 
 
@@ -18,11 +19,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        return invariant.rms_norm(x, self.weight, self.eps, self.reference)
+
+    def reference(self, x: Tensor, weight: Tensor) -> Tensor:
         # Normalise in fp32 (bf16 mean-of-squares loses ~3 digits), cast back before the weight as HF does.
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return weight * x.to(dtype)
 
 
 def _yarn_inv_freq(dim: int, rc: RopeConfig) -> tuple[Tensor, float]:

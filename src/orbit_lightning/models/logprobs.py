@@ -10,10 +10,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from . import invariant
+
 
 def _chunk_logprobs(h: Tensor, lm_head: nn.Module, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor]:
     logits = lm_head(h).float()  # [n, V] fp32: the trainer and the engine both score in fp32
-    lse = logits.logsumexp(-1)
+    lse = invariant.logsumexp(logits)
     lp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     if not with_entropy:
         return lp, lp.new_zeros(0)

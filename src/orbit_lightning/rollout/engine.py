@@ -17,6 +17,7 @@ from collections import defaultdict
 import torch
 from torch import Tensor, nn
 
+from ..models.invariant import invariant_mode
 from .adapter_slots import AdapterSlots
 from .blocks import BlockAllocator, blocks_for
 from .cuda_graphs import DecodeGraphs, capture_blocker
@@ -39,9 +40,9 @@ class RolloutEngine:
     - `max_batch_size` sequences decode at once; `max_prefill_tokens` bounds the padded tokens of one prefill
       forward (activation memory). `cuda_graphs` captures decode on CUDA for models that allow it (not MoE yet).
     - `adapter_policy`: "finish" (in-flight sequences finish on their version) or "switch"; see adapter_slots.
-    - `deterministic=True` runs every forward in the kernels' batch-invariant mode
-      (`orbit_lightning.kernels.batch_invariant`), so that a row's numbers do not depend on its batch; exact
-      train/rollout equality additionally needs a batch-invariant attention, which the kernels issue provides.
+    - `deterministic=True` runs every forward and the recorded log-probs in batch-invariant mode
+      (`orbit_lightning.models.invariant.invariant_mode`), so a row's numbers do not depend on its batch: on
+      the GPU, the trainer scoring the same tokens in that mode gets bit-identical log-probs.
     """
 
     def __init__(self, model: nn.Module, tokenizer=None, *, kv_budget_bytes: int | None = None,
@@ -249,14 +250,16 @@ class RolloutEngine:
             seqs = [s for j in jobs for s in j.samples]
             for s in seqs:
                 s.num_cached = len(s.tokens)
-            self._sample(seqs, logits[torch.tensor(rows, device=logits.device)])
+            with self._mode():
+                self._sample(seqs, logits[torch.tensor(rows, device=logits.device)])
         for slot, seqs in _by_slot(plan.decode, lambda s: s.slot).items():
             with self.slots.use(slot), self._mode():
                 logits = self.runner.decode([s.tokens[-1] for s in seqs], [s.num_cached for s in seqs],
                                             [s.block_table for s in seqs], slot)
             for s in seqs:
                 s.num_cached += 1
-            self._sample(seqs, logits)
+            with self._mode():  # the recorded log-probs' logsumexp is part of the invariant path
+                self._sample(seqs, logits)
         for s in [s for j in plan.prefill for s in j.samples] + plan.decode:
             touched[s.request.request_id] = s.request
         return list(touched.values())
@@ -302,7 +305,7 @@ def _by_slot(items: list, slot_of) -> dict[str | None, list]:
 
 def _batch_invariant_mode():
     try:
-        from orbit_lightning.kernels import batch_invariant
+        import orbit_lightning.kernels  # noqa: F401
     except ImportError as e:
         raise ValueError(f"deterministic=True needs orbit_lightning.kernels (Triton): {e}") from e
-    return batch_invariant
+    return invariant_mode

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..models.cache import causal_mask, masked_attention
+from ..models import invariant
+from ..models.cache import causal_attention, causal_mask, masked_attention
 from ..models.config import ModelConfig
 
 
@@ -85,8 +86,10 @@ class PagedKVCache:
 class PagedAttention:
     """One forward's view of the cache. Build with `prefill(...)` or `decode(...)`; pass as `ctx` to the model."""
 
-    def __init__(self, cache: PagedKVCache, slots: Tensor, allowed: Tensor, block_tables: Tensor | None):
+    def __init__(self, cache: PagedKVCache, slots: Tensor, allowed: Tensor, block_tables: Tensor | None,
+                 context_lens: Tensor | None = None):
         self.cache = cache
+        self.context_lens = context_lens  # [B] for decode
         self.slots = slots  # [B, T] int64 flat slot per new token (padding -> the null block)
         self.allowed = allowed  # [B, 1, T, S] bool
         self.block_tables = block_tables  # [B, W] for decode; None for prefill (attend to the new k/v)
@@ -102,7 +105,7 @@ class PagedAttention:
         """slots [B, 1]; block_tables [B, W]; context_lens [B] keys per sequence including the new token."""
         s = block_tables.shape[1] * cache.block_size
         allowed = torch.arange(s, device=slots.device)[None, :] < context_lens[:, None]
-        return cls(cache, slots, allowed[:, None, None, :], block_tables)
+        return cls(cache, slots, allowed[:, None, None, :], block_tables, context_lens)
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         """q [B, H, T, dk], k [B, Hkv, T, dk], v [B, Hkv, T, dv] -> [B, H, T, dv]."""
@@ -110,7 +113,12 @@ class PagedAttention:
         self.cache.write(layer_idx, self.slots.reshape(-1), k.transpose(1, 2).reshape(b * t, h, -1),
                          v.transpose(1, 2).reshape(b * t, h, -1))
         if self.block_tables is None:
-            return masked_attention(q, k, v, self.allowed, scale)
+            return causal_attention(q, k, v, self.allowed, scale)  # right padding only: no kv_start
+        if t == 1 and invariant.use_kernels(q):
+            from orbit_lightning import kernels
+
+            return kernels.paged_attention(q, self.cache.k[layer_idx], self.cache.v[layer_idx], self.block_tables,
+                                           self.context_lens, scale)
         kc, vc = self.cache.gather(layer_idx, self.block_tables)
         kc, vc = kc.to(q.dtype), vc.to(q.dtype)
         if t > 1 or q.shape[1] == h:
