@@ -10,6 +10,7 @@ On the CPU the kernels run under Triton's interpreter, which must be enabled bef
 imported: `TRITON_INTERPRET=1` in the environment (tests/kernels/conftest.py sets it).
 """
 
+from .attention import attention, paged_attention
 from .configs import TileConfig
 from .dequant_weight import dequantize
 from .formats import FORMATS, supports
@@ -25,12 +26,14 @@ from .linear import (
     linear,
 )
 from .logsumexp import logsumexp
+from .lora import lora_add
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
 from .rmsnorm import rms_norm
 
 __all__ = [
     "FORMATS",
     "TileConfig",
+    "attention",
     "batch_invariant",
     "dequantize",
     "dequant_linear",
@@ -44,6 +47,8 @@ __all__ = [
     "kernels_available",
     "linear",
     "logsumexp",
+    "lora_add",
+    "paged_attention",
     "rms_norm",
     "set_batch_invariant",
     "supports",

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..models import invariant
 from ..models.moe import Experts, dispatch_experts
 from ..quant.grouped import grouped_mm
 from .slots import AdapterLayer, AdapterState
@@ -52,8 +53,26 @@ class LoraLinear(AdapterLayer):
         if t is None:
             return y
         a, b = t["lora_A"], t["lora_B"]
+        if _fused_decode(x, a, self.dropout):
+            from orbit_lightning import kernels
+
+            return kernels.lora_add(y, x, a, b, self.scaling)
         delta = F.linear(F.linear(self.dropout(x).to(a.dtype), a), b)
         return y + (delta * self.scaling).to(y.dtype)
+
+
+def _fused_decode(x: Tensor, a: Tensor, dropout: nn.Module) -> bool:
+    """Decode-sized inference on CUDA takes the one-launch LoRA kernel; training (autograd), batch-invariant
+    mode (which routes the two F.linear calls to its fixed-tile kernel) and large batches keep torch's ops."""
+    if not x.is_cuda or isinstance(dropout, nn.Dropout) or (torch.is_grad_enabled() and a.requires_grad):
+        return False
+    if x.numel() > 64 * x.shape[-1] or invariant.active():
+        return False
+    try:
+        from orbit_lightning import kernels
+    except ImportError:
+        return False
+    return kernels.kernels_available(x.device)
 
 
 class LoraExperts(AdapterLayer):
