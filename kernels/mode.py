@@ -5,12 +5,11 @@ reduction, so the fp32 accumulation order of an output row depends only on K (or
 on the row's position in the batch or on how tokens were grouped. The trainer (large M) and the
 rollout engine (M = 1..64) then produce bit-identical rows for the same input.
 
-Covered here: the dense and grouped GEMMs (which share one tile config, so a token's row is reduced
-alike on the dense and the MoE path) and `rms_norm` (one row per program in every mode). Not covered:
-attention. For the same guarantee it must reduce each query row over the KV sequence in fixed-size
-chunks in a fixed order whatever the batch, i.e. a fixed split size shared by prefill and decode (no
-split count chosen from the batch or sequence length), and combine the chunks' partial softmax
-statistics sequentially.
+Covered here: the dense and grouped GEMMs, packed or plain (which share one tile config, so a token's
+row is reduced alike on the dense and the MoE path), `rms_norm` and `logsumexp` (one row per program in
+every mode) and `attention` / `paged_attention` (always invariant: one tile config, key blocks counted
+from each sequence's first real token). `orbit_lightning.models.invariant.invariant_mode` routes a
+model's forward through them.
 """
 
 from __future__ import annotations
