@@ -34,7 +34,7 @@ from orbit_lightning import add_adapter, load_model
 from orbit_lightning.adapters import AdapterLayer
 from orbit_lightning.models import preset_hf_config, token_logprobs
 from orbit_lightning.quant.experts import QuantExperts
-from orbit_lightning.rollout import RolloutEngine, SamplingParams
+from orbit_lightning.rollout import RolloutEngine, SamplingParams, kv_cache
 from orbit_lightning.rollout.blocks import blocks_for
 from orbit_lightning.rollout.kv_cache import KVLayout
 
@@ -53,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--gather-attention", action="store_true",
+                    help="decode attention by gathering the paged KV + SDPA instead of the paged kernel")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="profile this many steady decode steps of each run and print the top kernels")
     ap.add_argument("--no-hf", action="store_true")
@@ -66,6 +68,8 @@ def parse_args() -> argparse.Namespace:
         a.device, a.dtype, a.lora_r, a.logprob_samples = "cpu", "float32", 4, 2
     a.override = {k: int(v) for k, v in (o.split("=", 1) for o in a.override)}
     a.dtype = getattr(torch, a.dtype)
+    if a.gather_attention:
+        kv_cache.PAGED_KERNEL = False
     return a
 
 

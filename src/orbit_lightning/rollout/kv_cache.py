@@ -8,7 +8,8 @@ layout would store ~10x less; it needs an MLA-aware attention kernel).
 cache slots, then
 - prefill (nothing cached before this forward): attends over the new k/v directly with a causal + key-validity
   mask, which is the trainer's teacher-forcing attention (`models.cache.causal_mask` + `masked_attention`);
-- decode: gathers each sequence's blocks and attends its one query over its first `context_len` keys.
+- decode: attends each sequence's one query over its first `context_len` keys, reading them through the block
+  table in `kernels.paged_attention` on CUDA (and in batch-invariant mode), else gathering the blocks first.
 """
 
 from __future__ import annotations
@@ -22,6 +23,18 @@ from torch import Tensor
 from ..models import invariant
 from ..models.cache import causal_attention, causal_mask, masked_attention
 from ..models.config import ModelConfig
+
+# Decode on CUDA reads keys/values through the block table in the attention kernel (no gather copy). False:
+# gather the blocks, then SDPA (the CPU path; kept on CUDA for A/B benchmarks).
+PAGED_KERNEL = True
+
+
+def _kernels_run_on(q: Tensor) -> bool:
+    try:
+        from orbit_lightning import kernels
+    except ImportError:
+        return False
+    return kernels.kernels_available(q.device)
 
 
 @dataclass(frozen=True)
@@ -114,7 +127,7 @@ class PagedAttention:
                          v.transpose(1, 2).reshape(b * t, h, -1))
         if self.block_tables is None:
             return causal_attention(q, k, v, self.allowed, scale)  # right padding only: no kv_start
-        if t == 1 and invariant.use_kernels(q):
+        if t == 1 and (invariant.use_kernels(q) or (q.is_cuda and PAGED_KERNEL and _kernels_run_on(q))):
             from orbit_lightning import kernels
 
             return kernels.paged_attention(q, self.cache.k[layer_idx], self.cache.v[layer_idx], self.block_tables,
