@@ -29,6 +29,7 @@ from .logsumexp import logsumexp
 from .lora import lora_add
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
 from .rmsnorm import rms_norm
+from .sampling import sample
 
 __all__ = [
     "FORMATS",
@@ -50,6 +51,7 @@ __all__ = [
     "lora_add",
     "paged_attention",
     "rms_norm",
+    "sample",
     "set_batch_invariant",
     "supports",
 ]

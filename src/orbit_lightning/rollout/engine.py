@@ -272,6 +272,7 @@ class RolloutEngine:
             torch.tensor([p.top_k_or_off for p in ps], dtype=torch.long),
             torch.tensor([p.top_p for p in ps], dtype=torch.float32),
             [s.generator for s in seqs],
+            [len(s.tokens) - s.prompt_len for s in seqs],
         )
         lps = sampled_logprobs(logits, tokens)
         for s, tok, lp in zip(seqs, tokens.tolist(), lps.tolist()):

@@ -1,8 +1,10 @@
 """Token sampling and the log-probs recorded with it (pure functions, batched over rows with per-row settings).
 
-Reproducibility: every sampled row draws its randomness from its own `torch.Generator` (seeded from the
-request seed and the sample index), always V exponentials per step, so what a sequence samples does not depend
-on which other sequences share its batch, nor on preemption (the generator survives a recompute).
+Reproducibility: every sampled row draws its randomness from its own seed (from the request seed and the sample
+index), so what a sequence samples does not depend on which other sequences share its batch, nor on preemption.
+On CUDA one kernel samples the whole batch (`kernels.sample`: Philox noise keyed by the seed and the step); on
+the CPU each row's `torch.Generator` draws V exponentials per step (the generator survives a recompute). The
+two devices therefore draw different (equally distributed) samples for the same seed.
 
 Log-probs are those of the *untempered* fp32 distribution, computed by the trainer's own function
 (`models.logprobs.logprobs_from_hidden`): temperature, top-k and top-p shape only the sampling distribution.
@@ -60,6 +62,7 @@ def sample_tokens(
     top_k: Tensor,  # [B] int64, 0 = off
     top_p: Tensor,  # [B] fp32
     generators: list[torch.Generator | None],  # per row; None only for greedy rows
+    steps: list[int] | None = None,  # per row: tokens it generated so far (keys the CUDA kernel's noise)
 ) -> Tensor:
     """-> [B] int64. Greedy rows take the argmax; the others draw by the exponential race
     argmax(p / E), E ~ Exp(1) i.i.d., which samples exactly from p.
@@ -67,6 +70,8 @@ def sample_tokens(
     The per-row settings may live on the host (the engine keeps them there): choosing rows then needs no sync
     with the device."""
     dev = logits.device
+    if steps is not None and _sampling_kernel(logits) is not None:
+        return _sample_on_device(logits, temperature, top_k, top_p, generators, steps)
     tokens = logits.argmax(dim=-1)
     rows = (temperature > 0).nonzero().flatten()
     if rows.numel() == 0:
@@ -85,6 +90,33 @@ def sample_tokens(
         noise[i].exponential_(generator=gen)
     tokens[idx] = (probs / noise).argmax(dim=-1)
     return tokens
+
+
+def _sampling_kernel(logits: Tensor):
+    if not logits.is_cuda:
+        return None
+    try:
+        from orbit_lightning import kernels
+    except ImportError:
+        return None
+    return kernels.sample if kernels.kernels_available(logits.device) else None
+
+
+def _sample_on_device(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
+                      generators: list[torch.Generator | None], steps: list[int]) -> Tensor:
+    """One kernel for the batch; rows with top-k / top-p are tempered and masked first (temperature 1 after)."""
+    dev = logits.device
+    temp = temperature.clone()
+    masked = ((temperature > 0) & ((top_k > 0) | (top_p < 1))).nonzero().flatten()
+    if masked.numel():
+        idx = masked.to(dev)
+        logits = logits.clone()
+        logits[idx] = mask_top_k_top_p(logits[idx] / temperature[masked].to(dev)[:, None], top_k[masked].to(dev),
+                                       top_p[masked].to(dev))
+        temp[masked] = 1.0
+    seeds = [g.initial_seed() if g is not None else 0 for g in generators]
+    ints = torch.tensor([seeds, steps], dtype=torch.long).to(dev, non_blocking=True)
+    return _sampling_kernel(logits)(logits, temp.to(dev, non_blocking=True), ints[0], ints[1])
 
 
 def sampled_logprobs(
