@@ -180,6 +180,11 @@ def print_profile(prof, steps: int, wall_s: float, batch: int) -> None:
     for e in sorted(events, key=lambda e: -e.device_time_total)[:18]:
         print(f"[profile]   {e.device_time_total / steps:9.1f} us/step {e.count / steps:6.1f}x  {e.key[:90]}",
               flush=True)
+    ops = [e for e in prof.key_averages() if e.device_type.name == "CPU" and e.key.startswith("aten::")]
+    print(f"[profile] host: {sum(e.count for e in ops) / steps:.0f} aten ops/step; by self CPU time:", flush=True)
+    for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:10]:
+        print(f"[profile]   {e.self_cpu_time_total / steps:9.1f} us/step {e.count / steps:6.1f}x  {e.key[:60]}",
+              flush=True)
 
 
 def logprob_diff(model, outs, prompts_n: int) -> dict:

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..models import invariant
 from ..models.moe import Experts, dispatch_experts
-from ..quant.grouped import grouped_mm
+from ..quant.grouped import ExpertGroups, grouped_mm
 from .slots import AdapterLayer, AdapterState
 
 
@@ -76,7 +76,7 @@ def _fused_decode(x: Tensor, a: Tensor, dropout: nn.Module) -> bool:
 
 
 class LoraExperts(AdapterLayer):
-    """Per-expert LoRA on routed experts: A [E, r, K], B [E, N, r] per projection, applied per chunk."""
+    """Per-expert LoRA on routed experts: A [E, r, K], B [E, N, r] per projection, on the base's expert groups."""
 
     def __init__(self, base_layer: Experts, state: AdapterState, r: int, alpha: float, rslora: bool = False,
                  projections: tuple[str, ...] = Experts.PROJECTIONS, dtype: torch.dtype | None = None):
@@ -95,20 +95,23 @@ class LoraExperts(AdapterLayer):
         self.r, self.alpha, self.scaling = r, alpha, lora_scale(r, alpha, rslora)
         self.num_experts = e
 
-    def chunk_size(self, rows: int, num_active: int, device: torch.device) -> int:
-        return self.base_layer.chunk_size(rows, num_active, device)
+    def chunk_size(self, rows: int, device: torch.device) -> int | None:
+        return self.base_layer.chunk_size(rows, device)  # the LoRA follows the base's groups, device ones too
 
-    def linear(self, proj: str, x: Tensor, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
-        y = self.base_layer.linear(proj, x, expert_ids, group_sizes)
+    def device_groups_blocker(self, device: torch.device, invariant: bool = False) -> str | None:
+        return self.base_layer.device_groups_blocker(device, invariant)  # A/B: the plain grouped kernel
+
+    def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor:
+        y = self.base_layer.linear(proj, x, groups)
         t = self.active_tensors()
         if t is None or proj not in self.projections:
             return y
-        a, b = t[f"{proj}_lora_A"][expert_ids], t[f"{proj}_lora_B"][expert_ids]
-        delta = grouped_mm(grouped_mm(x.to(a.dtype), a, group_sizes), b, group_sizes)
+        a, b = groups.select(t[f"{proj}_lora_A"]), groups.select(t[f"{proj}_lora_B"])
+        delta = grouped_mm(grouped_mm(x.to(a.dtype), a, groups), b, groups)  # never syncs on device groups
         return y + (delta * self.scaling).to(y.dtype)
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
-        return dispatch_experts(x, topk_ids, topk_w, self.num_experts, self.chunk_size, self.linear)
+        return dispatch_experts(x, topk_ids, topk_w, self)
 
 
 def _expert_shape(experts: nn.Module, proj: str) -> tuple[int, int]:

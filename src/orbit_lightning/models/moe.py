@@ -1,19 +1,25 @@
-"""Mixture-of-experts: routers (softmax top-k; DeepSeek's grouped sigmoid) and active-expert-chunked experts.
+"""Mixture-of-experts: routers (softmax top-k; DeepSeek's grouped sigmoid) and routed experts.
 
-Routed experts are stacked [E, N, K] per projection. Tokens are grouped by the expert they were routed to and
-only *active* experts are touched, `chunk` experts at a time; each chunk runs as one grouped GEMM. Subclasses
-(quantized experts, expert LoRA) change only `linear`, so the dispatch loop below is the single MoE path.
+Routed experts are stacked [E, N, K] per projection; (token, slot) pairs are sorted by the expert they were
+routed to. `dispatch_experts` is the single MoE path, with two ways to split the rows (see quant.grouped):
+- device groups: one grouped call per projection over all experts, on device offsets [E+1]; no host sync, so
+  decode can be captured in a CUDA graph. Taken whenever the experts' `linear` can (`chunk_size` is None).
+- chunk groups: the host reads the group sizes and runs `chunk` active experts per grouped call, which bounds
+  the transient weights of paths that materialize them (dequantized packed experts on large batches).
+The combine is deterministic on both. Subclasses (quantized experts, expert LoRA) change only `linear` and the
+choice of path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..quant.grouped import grouped_mm
+from ..quant.grouped import ExpertGroups, grouped_mm, torch_grouped_mm_blocker
+from . import invariant
 from .config import ModelConfig
 from .layers import MLP
 
@@ -32,7 +38,7 @@ class SoftmaxRouter(nn.Module):
         probs = F.linear(x, self.weight).softmax(dim=-1, dtype=torch.float32)
         w, idx = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
-            w = w / w.sum(dim=-1, keepdim=True)
+            w = w / invariant.sum_last(w, keepdim=True)
         return w.to(x.dtype), idx
 
 
@@ -52,14 +58,14 @@ class GroupedSigmoidRouter(nn.Module):
         choice = scores + self.e_score_correction_bias.float()  # the bias steers selection, not the weights
         t, e = choice.shape
         grouped = choice.view(t, self.n_group, e // self.n_group)
-        group_scores = grouped.topk(min(2, e // self.n_group), dim=-1).values.sum(-1)  # [T, n_group]
+        group_scores = invariant.sum_last(grouped.topk(min(2, e // self.n_group), dim=-1).values)  # [T, n_group]
         keep = torch.zeros_like(group_scores, dtype=torch.bool)
         keep.scatter_(1, group_scores.topk(self.topk_group, dim=-1).indices, True)
         choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(t, e), float("-inf"))
         idx = choice.topk(self.top_k, dim=-1).indices
         w = scores.gather(1, idx)
         if self.norm_topk_prob:
-            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+            w = w / (invariant.sum_last(w, keepdim=True) + 1e-20)
         return (w * self.scaling).to(x.dtype), idx
 
 
@@ -76,47 +82,91 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         self.chunk = DEFAULT_EXPERT_CHUNK
 
-    def linear(self, proj: str, x: Tensor, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
-        """x [M, K] grouped by expert (group_sizes over expert_ids [c]) -> [M, N]."""
-        return grouped_mm(x, getattr(self, proj)[expert_ids], group_sizes)
+    def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor:
+        """x [M, K] rows sorted by expert, split as `groups` says -> [M, N]."""
+        return grouped_mm(x, groups.select(getattr(self, proj)), groups)
 
-    def chunk_size(self, rows: int, num_active: int, device: torch.device) -> int:
-        """Experts per grouped GEMM: `chunk` bounds the transient BF16 weights; paths that never materialize
-        weights (fused kernels) take every active expert at once."""
-        return self.chunk
+    def device_groups_blocker(self, device: torch.device, invariant: bool = False) -> str | None:
+        """Why `linear` cannot take device groups on `device` (None: it can); `invariant`: and stay batch-invariant
+        without reading group sizes on the host (what a CUDA graph of batch-invariant decode needs)."""
+        if invariant:  # the kernels' plain grouped GEMM takes device offsets
+            from .invariant import _kernels
+
+            k = _kernels()
+            return None if k is not None and k.kernels_available(device) else "the Triton kernels cannot run here"
+        return torch_grouped_mm_blocker(self.gate_proj.dtype, tuple(self.gate_proj.shape[1:]), device)
+
+    def chunk_size(self, rows: int, device: torch.device) -> int | None:
+        """None: device groups for `rows` routed rows; else experts per chunk. Plain weights are never
+        materialized, so device groups whenever torch's grouped GEMM takes them."""
+        return None if self.device_groups_blocker(device) is None else self.chunk
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
-        return dispatch_experts(x, topk_ids, topk_w, self.num_experts, self.chunk_size, self.linear)
+        return dispatch_experts(x, topk_ids, topk_w, self)
 
 
-def dispatch_experts(
-    x: Tensor,  # [T, D]
-    topk_ids: Tensor,  # [T, k] int64
-    topk_w: Tensor,  # [T, k]
-    num_experts: int,
-    chunk_size: Callable[[int, int, torch.device], int],  # (rows, active experts, device) -> experts per GEMM
-    linear: Callable[[str, Tensor, Tensor, list[int]], Tensor],  # (proj, rows, expert_ids, group_sizes) -> out
-) -> Tensor:
-    """Route (token, slot) pairs to experts, run active experts `chunk` at a time, combine -> [T, D]."""
+class GroupedExperts(Protocol):
+    """What `dispatch_experts` needs: `Experts`, its subclasses and `LoraExperts` provide it."""
+
+    num_experts: int
+
+    def chunk_size(self, rows: int, device: torch.device) -> int | None: ...
+
+    def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor: ...
+
+
+def dispatch_experts(x: Tensor, topk_ids: Tensor, topk_w: Tensor, experts: GroupedExperts) -> Tensor:
+    """x [T, D], topk_ids [T, k] int64, topk_w [T, k] -> [T, D]: route (token, slot) pairs to experts, run the
+    expert MLP on device groups or chunk by chunk (`experts.chunk_size`), combine in a fixed order."""
     t, k = topk_ids.shape
     flat = topk_ids.reshape(-1)
-    order = flat.argsort(stable=True)
-    token = order // k  # source token of each sorted (token, slot) pair
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    order = flat.argsort(stable=True)  # (token, slot) pairs sorted by expert
+    # = x[order // k]; through the expanded view, backward sums a token's k slots without atomics.
+    xs = x[:, None].expand(t, k, x.shape[-1])[order // k, order % k]
+    offsets = _expert_offsets(flat[order], num_experts=experts.num_experts)
+    chunk = experts.chunk_size(flat.numel(), x.device)
+    if chunk is None:
+        ys = _expert_mlp(experts, xs, ExpertGroups(offsets))
+    else:
+        ys = _chunked_mlp(experts, xs, offsets, max(1, chunk))
+    return _combine(ys, order, topk_w, x.dtype)
+
+
+def _expert_offsets(sorted_ids: Tensor, num_experts: int) -> Tensor:
+    """int32 [E+1] row offsets of every expert (empty ones included) from the sorted expert ids; no host sync."""
+    experts = torch.arange(num_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
+    ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    return torch.cat([ends.new_zeros(1), ends])
+
+
+def _expert_mlp(experts: GroupedExperts, rows: Tensor, groups: ExpertGroups) -> Tensor:
+    h = F.silu(experts.linear("gate_proj", rows, groups)) * experts.linear("up_proj", rows, groups)
+    return experts.linear("down_proj", h, groups)
+
+
+def _chunked_mlp(experts: GroupedExperts, xs: Tensor, offsets: Tensor, chunk: int) -> Tensor:
+    """Active experts `chunk` at a time, on group sizes read by the host (the sync the device groups avoid)."""
+    counts = offsets.diff().tolist()
     active = [e for e, c in enumerate(counts) if c]
-    xs = x[token]
     outs, start = [], 0
-    chunk = max(1, chunk_size(len(flat), len(active), x.device))
     for i in range(0, len(active), chunk):
         ids = active[i : i + chunk]
         sizes = [counts[e] for e in ids]
         rows = xs[start : start + sum(sizes)]
         start += sum(sizes)
-        eid = torch.tensor(ids, device=x.device)
-        h = F.silu(linear("gate_proj", rows, eid, sizes)) * linear("up_proj", rows, eid, sizes)
-        outs.append(linear("down_proj", h, eid, sizes))
-    y = torch.cat(outs) * topk_w.reshape(-1)[order, None]
-    return x.new_zeros(t, x.shape[-1]).index_add_(0, token, y.to(x.dtype))
+        outs.append(_expert_mlp(experts, rows, ExpertGroups.chunk(ids, sizes, xs.device)))
+    return torch.cat(outs) if outs else xs.new_zeros(0, xs.shape[-1])
+
+
+def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype) -> Tensor:
+    """Expert outputs sorted by expert -> [T, D]: back in (token, slot) order, weighted, and the k slots summed
+    in slot order, so a token's result depends neither on the rest of the batch nor on atomics."""
+    t, k = topk_w.shape
+    y = ys[order.argsort()].view(t, k, ys.shape[-1])
+    out = (y[:, 0] * topk_w[:, :1]).to(dtype)
+    for j in range(1, k):
+        out = out + (y[:, j] * topk_w[:, j : j + 1]).to(dtype)
+    return out
 
 
 class MoE(nn.Module):

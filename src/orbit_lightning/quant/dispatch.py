@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .grouped import grouped_mm
+from .grouped import ExpertGroups, grouped_mm
 
 FUSED_MAX_ROWS = 64
 
@@ -28,25 +28,42 @@ def _kernels():
 
 
 def _cuda_kernels(x: Tensor, fmt):
-    if not x.is_cuda:
-        return None
+    """The kernels when they take x: on CUDA, or wherever they run (Triton's interpreter on the CPU) in
+    batch-invariant mode, which must not fall back to a matmul that picks its reduction order by shape."""
     k = _kernels()
-    return k if k is not None and k.kernels_available(x.device) and k.supports(fmt) else None
+    if k is None or not k.kernels_available(x.device) or not k.supports(fmt):
+        return None
+    return k if x.is_cuda or k.is_batch_invariant() else None
 
 
 def _fused(k, rows: int) -> bool:
     return rows <= FUSED_MAX_ROWS or k.is_batch_invariant()
 
 
-def fused_grouped(fmt, rows: int, num_experts: int, device: torch.device) -> bool:
-    """MoE: the fused grouped kernel wins while experts see few rows each (decode); it materializes nothing,
-    so it takes all active experts in one launch. Large batches use chunked dequant + grouped GEMM."""
-    if device.type != "cuda":
-        return False
+def fused_grouped_blocker(fmt, device: torch.device) -> str | None:
+    """Why the fused grouped kernel cannot run experts packed in `fmt` on `device` (None: it can)."""
     k = _kernels()
-    if k is None or not k.kernels_available(device) or not k.supports(fmt):
-        return False
-    return rows <= FUSED_MAX_ROWS * max(num_experts, 1) or k.is_batch_invariant()
+    if k is not None and not k.supports(fmt):
+        return f"the Triton kernels do not read format {fmt.name}"
+    if device.type != "cuda":
+        return f"the fused grouped kernel runs on CUDA, not {device.type}"
+    if k is None:
+        return "the Triton kernels (orbit_lightning.kernels) cannot be imported"
+    if not k.kernels_available(device):
+        return f"the Triton kernels cannot run on {device} (they need compute capability >= 8.0)"
+    return None
+
+
+def fused_grouped(fmt, rows: int, num_experts: int, device: torch.device) -> bool:
+    """MoE: run all experts in one fused grouped launch on device offsets (no host sync, nothing materialized)?
+    It wins while experts see few rows each (decode: <= FUSED_MAX_ROWS per expert on average over all
+    `num_experts`, known without reading the routing), is the batch-invariant path, and is taken under CUDA-graph
+    capture, which the chunked path (host-read sizes) cannot enter. Large batches: chunked dequant + grouped GEMM."""
+    k = _kernels()
+    if fused_grouped_blocker(fmt, device) is not None:  # batch-invariant mode: wherever the kernels run (CPU too)
+        return k is not None and k.is_batch_invariant() and k.supports(fmt) and k.kernels_available(device)
+    capturing = torch.cuda.is_current_stream_capturing()
+    return rows <= FUSED_MAX_ROWS * max(num_experts, 1) or k.is_batch_invariant() or capturing
 
 
 def _dense_weight(layer, dtype: torch.dtype, k) -> Tensor:
@@ -75,31 +92,34 @@ def dequant_matmul_dx(dy: Tensor, layer) -> Tensor:
     return dx.view(*dy.shape[:-1], layer.in_features)
 
 
-def _chunk_weights(experts, proj: str, expert_ids: Tensor, dtype: torch.dtype, k) -> Tensor:
+def _chunk_weights(experts, proj: str, expert_ids: Tensor | None, dtype: torch.dtype, k) -> Tensor:
     if k is None:
         return experts.dequantize(proj, expert_ids, dtype)  # [c, N, K]
     return k.dequantize(experts.fmt, experts.packed(proj), dtype, expert_ids=expert_ids)
 
 
-def _offsets(experts, expert_ids: Tensor, group_sizes: list[int], device) -> Tensor:
-    """[E+1] row offsets over all experts, rows only for the chunk's experts (the fused kernel's input)."""
-    counts = torch.zeros(experts.num_experts, dtype=torch.int32, device=device)
-    counts[expert_ids] = torch.tensor(group_sizes, dtype=torch.int32, device=device)
-    return torch.cat([counts.new_zeros(1), counts.cumsum(0, dtype=torch.int32)])
+def _grouped_kernels(x: Tensor, groups: ExpertGroups, fmt):
+    """The kernels, for device groups they can run (CUDA; on the CPU only under Triton's interpreter)."""
+    if not groups.on_device:
+        return None
+    k = _kernels()
+    return k if k is not None and k.kernels_available(x.device) and k.supports(fmt) else None
 
 
-def dequant_grouped(x: Tensor, experts, proj: str, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
-    """Rows of x grouped by expert -> x_g @ W[e_g]^T; only the chunk's experts are read."""
-    k = _cuda_kernels(x, experts.fmt)
-    if k is not None and fused_grouped(experts.fmt, x.shape[0], len(group_sizes), x.device):
-        off = _offsets(experts, expert_ids, group_sizes, x.device)
-        return k.grouped_dequant_linear(x, off, experts.fmt, experts.packed(proj))
-    return grouped_mm(x, _chunk_weights(experts, proj, expert_ids, x.dtype, k), group_sizes)
+def dequant_grouped(x: Tensor, experts, proj: str, groups: ExpertGroups) -> Tensor:
+    """Rows of x grouped by expert -> x_g @ W[e_g]^T. Device groups: the fused kernel reads the packed bytes of
+    the experts with rows, on device offsets. Chunk groups: the chunk's experts are dequantized, then grouped
+    GEMM. (Device groups without the kernels dequantize every expert: correct, but unbounded memory.)"""
+    k = _grouped_kernels(x, groups, experts.fmt)
+    if k is not None:
+        return k.grouped_dequant_linear(x, groups.offsets, experts.fmt, experts.packed(proj))
+    w = _chunk_weights(experts, proj, groups.ids, x.dtype, _cuda_kernels(x, experts.fmt))
+    return grouped_mm(x, w, groups)
 
 
-def dequant_grouped_dx(dy: Tensor, experts, proj: str, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
-    k = _cuda_kernels(dy, experts.fmt)
-    if k is not None and fused_grouped(experts.fmt, dy.shape[0], len(group_sizes), dy.device):
-        off = _offsets(experts, expert_ids, group_sizes, dy.device)
-        return k.grouped_dequant_linear_dx(dy, off, experts.fmt, experts.packed(proj))
-    return grouped_mm(dy, _chunk_weights(experts, proj, expert_ids, dy.dtype, k).transpose(1, 2), group_sizes)
+def dequant_grouped_dx(dy: Tensor, experts, proj: str, groups: ExpertGroups) -> Tensor:
+    k = _grouped_kernels(dy, groups, experts.fmt)
+    if k is not None:
+        return k.grouped_dequant_linear_dx(dy, groups.offsets, experts.fmt, experts.packed(proj))
+    w = _chunk_weights(experts, proj, groups.ids, dy.dtype, _cuda_kernels(dy, experts.fmt))
+    return grouped_mm(dy, w.transpose(1, 2), groups)

@@ -1,5 +1,7 @@
-"""Routed experts on a packed base. Only the chunk's active experts are dequantized, one projection at a time,
-and freed before the next; backward dequantizes the chunk again and returns dX only."""
+"""Routed experts on a packed base. Device groups (decode, batch-invariant mode, CUDA-graph capture): the fused
+grouped kernel reads the packed bytes of every expert with rows, on device offsets. Chunk groups (large batches):
+only the chunk's experts are dequantized, one projection at a time, and freed before the next. Backward reads
+the packed weights again the same way and returns dX only."""
 
 from __future__ import annotations
 
@@ -8,31 +10,36 @@ from torch import Tensor
 
 from ..models.moe import Experts
 from .formats import QuantFormat, get_format
+from .grouped import ExpertGroups
 from .packed import packed_tensors, register_packed, store_packed
 
 
 class _FrozenGroupedFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, experts: QuantExperts, proj: str, expert_ids: Tensor, sizes: list[int]) -> Tensor:
+    def forward(ctx, x: Tensor, experts: QuantExperts, proj: str, groups: ExpertGroups) -> Tensor:
         from .dispatch import dequant_grouped
 
-        ctx.experts, ctx.proj, ctx.sizes = experts, proj, sizes
-        ctx.save_for_backward(expert_ids)
-        return dequant_grouped(x, experts, proj, expert_ids, sizes)
+        ctx.experts, ctx.proj, ctx.groups = experts, proj, groups
+        return dequant_grouped(x, experts, proj, groups)
 
     @staticmethod
     def backward(ctx, dy: Tensor):
         from .dispatch import dequant_grouped_dx
 
-        (expert_ids,) = ctx.saved_tensors
-        return dequant_grouped_dx(dy, ctx.experts, ctx.proj, expert_ids, ctx.sizes), None, None, None, None
+        return dequant_grouped_dx(dy, ctx.experts, ctx.proj, ctx.groups), None, None, None
 
 
 class QuantExperts(Experts):
     """Same dispatch loop as `Experts`; the stacked weights are packed buffers `{proj}.weight_packed` etc."""
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, fmt: QuantFormat | str,
-                 dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        fmt: QuantFormat | str,
+        dtype: torch.dtype = torch.bfloat16,
+    ):
         torch.nn.Module.__init__(self)
         self.fmt = get_format(fmt) if isinstance(fmt, str) else fmt
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
@@ -56,17 +63,24 @@ class QuantExperts(Experts):
             packed = {k: v[expert_ids] for k, v in packed.items()}
         return self.fmt.dequantize(packed, dtype or self.compute_dtype)
 
-    def chunk_size(self, rows: int, num_active: int, device: torch.device) -> int:
+    def chunk_size(self, rows: int, device: torch.device) -> int | None:
+        """Device groups (None) while the fused grouped kernel applies, else `chunk` experts per dequantized
+        grouped GEMM, which bounds the transient BF16 weights."""
         from .dispatch import fused_grouped
 
-        return num_active if fused_grouped(self.fmt, rows, num_active, device) else self.chunk
+        return None if fused_grouped(self.fmt, rows, self.num_experts, device) else self.chunk
 
-    def linear(self, proj: str, x: Tensor, expert_ids: Tensor, group_sizes: list[int]) -> Tensor:
+    def device_groups_blocker(self, device: torch.device, invariant: bool = False) -> str | None:
+        from .dispatch import fused_grouped_blocker
+
+        return fused_grouped_blocker(self.fmt, device)  # the fused kernel has a batch-invariant mode
+
+    def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
-            return _FrozenGroupedFn.apply(x, self, proj, expert_ids, group_sizes)
+            return _FrozenGroupedFn.apply(x, self, proj, groups)
         from .dispatch import dequant_grouped
 
-        return dequant_grouped(x, self, proj, expert_ids, group_sizes)
+        return dequant_grouped(x, self, proj, groups)
 
     @classmethod
     def from_experts(cls, experts: Experts, fmt: QuantFormat | str) -> QuantExperts:
@@ -92,8 +106,9 @@ class QuantExperts(Experts):
             if tuple(tensor.shape) != want:
                 raise ValueError(f"{key}: checkpoint shape {tuple(tensor.shape)} != model shape {want}")
             device = getattr(self, f"{proj}_{next(iter(self.fmt.packed_shapes(want)))}").device
-            store_packed(self, self.fmt.quantize(tensor.to(device)), prefix=f"{proj}_", index=expert,
-                         key_for_errors=key)
+            store_packed(
+                self, self.fmt.quantize(tensor.to(device)), prefix=f"{proj}_", index=expert, key_for_errors=key
+            )
         else:
             store_packed(self, {suffix: tensor}, prefix=f"{proj}_", index=expert, key_for_errors=key)
 
@@ -108,8 +123,11 @@ class QuantExperts(Experts):
     def random_init(self, generator: torch.Generator) -> None:
         for proj in self.PROJECTIONS:
             device = next(iter(self.packed(proj).values())).device
-            store_packed(self, self.fmt.random_packed(self.proj_shape(proj), device=device, generator=generator),
-                         prefix=f"{proj}_")
+            store_packed(
+                self,
+                self.fmt.random_packed(self.proj_shape(proj), device=device, generator=generator),
+                prefix=f"{proj}_",
+            )
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, hidden={self.hidden}, inter={self.intermediate}, format={self.fmt.name}"

@@ -12,7 +12,12 @@ Graphs share one memory pool. That is safe because they never run concurrently a
 consumed (lm_head) before the next replay. Padding rows of a bucket decode token 0 at position 0 into the null
 block; their outputs are dropped.
 
-Models whose forward syncs with the host (MoE dispatch sizes its expert groups on the CPU) cannot be captured;
+MoE layers are captured when their experts run on device groups (quant.grouped.ExpertGroups: every expert in
+one grouped call on device offsets, no host sync): packed experts in a format the fused grouped kernel reads,
+plain bf16 experts through torch's grouped GEMM on sm90 / sm100; expert LoRA follows its base. During a capture
+the packed experts take that path whatever the batch size. In batch-invariant (deterministic) decode only the
+packed experts' fused kernel stays invariant without host-read group sizes: expert LoRA and plain experts are
+invariant group by group only. Models with experts that need host-read group sizes cannot be captured;
 `capture_blocker` names the reason and the engine decodes those eagerly.
 """
 
@@ -32,13 +37,15 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     return small + list(range(16, max_batch_size, 16)) + [max_batch_size]
 
 
-def capture_blocker(model: nn.Module, device: torch.device) -> str | None:
-    """Why decode of `model` on `device` cannot be graph-captured, or None if it can."""
+def capture_blocker(model: nn.Module, device: torch.device, deterministic: bool = False) -> str | None:
+    """Why decode of `model` on `device` cannot be graph-captured, or None if it can. `deterministic`: decode
+    runs in batch-invariant mode, which the captured graph must keep."""
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device (model is on {device.type})"
-    cfg = model.config
-    if any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)):
-        return "MoE dispatch reads expert group sizes on the host (.tolist()), which a CUDA graph cannot capture"
+    for name, module in model.named_modules():
+        check = getattr(module, "device_groups_blocker", None)  # Experts, QuantExperts, LoraExperts
+        if check is not None and (reason := check(device, invariant=deterministic)) is not None:
+            return f"MoE experts {name} need expert group sizes read on the host (a sync): {reason}"
     return None
 
 
@@ -64,9 +71,13 @@ class DecodeGraphs:
     def _static_inputs(self, b: int, w: int) -> tuple[Tensor, ...]:
         if (b, w) not in self._inputs:
             z = dict(dtype=torch.long, device=self.device)
-            self._inputs[(b, w)] = (torch.zeros(b, 1, **z), torch.zeros(b, 1, **z),
-                                    torch.full((b, 1), NULL_SLOT, **z), torch.full((b, w), NULL_BLOCK, **z),
-                                    torch.ones(b, **z))
+            self._inputs[(b, w)] = (
+                torch.zeros(b, 1, **z),
+                torch.zeros(b, 1, **z),
+                torch.full((b, 1), NULL_SLOT, **z),
+                torch.full((b, w), NULL_BLOCK, **z),
+                torch.ones(b, **z),
+            )
         return self._inputs[(b, w)]
 
     def _capture(self, key: tuple[str | None, int, int]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
@@ -86,8 +97,15 @@ class DecodeGraphs:
             out = self.forward(*static)
         return graph, out
 
-    def run(self, slot: str | None, ids: Tensor, positions: Tensor, slots: Tensor, block_tables: Tensor,
-            context_lens: Tensor) -> Tensor:
+    def run(
+        self,
+        slot: str | None,
+        ids: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        block_tables: Tensor,
+        context_lens: Tensor,
+    ) -> Tensor:
         """Same arguments and result as the eager forward; rows beyond the real batch are padding."""
         n, w = block_tables.shape
         key = (slot, self._bucket(n), w)

@@ -38,7 +38,8 @@ class RolloutEngine:
       `max_batch_size` sequences of `max_model_len` tokens need, capped at half the free memory.
       `block_size` tokens per block; `max_model_len` (default: the model's) bounds prompt + completion.
     - `max_batch_size` sequences decode at once; `max_prefill_tokens` bounds the padded tokens of one prefill
-      forward (activation memory). `cuda_graphs` captures decode on CUDA for models that allow it (not MoE yet).
+      forward (activation memory). `cuda_graphs` captures decode on CUDA for models that allow it
+      (`cuda_graphs.capture_blocker` names what stops one, e.g. experts in a format the kernels do not read).
     - `adapter_policy`: "finish" (in-flight sequences finish on their version) or "switch"; see adapter_slots.
     - `deterministic=True` runs every forward and the recorded log-probs in batch-invariant mode
       (`orbit_lightning.models.invariant.invariant_mode`), so a row's numbers do not depend on its batch: on
@@ -70,7 +71,8 @@ class RolloutEngine:
         self.slots = AdapterSlots(model, adapter_policy)
         max_blocks = blocks_for(self.max_model_len, block_size)
         self.runner = ModelRunner(model, self.cache, max_blocks, None)
-        self.graphs_disabled_reason = "cuda_graphs=False" if not cuda_graphs else capture_blocker(model, self.device)
+        self.graphs_disabled_reason = ("cuda_graphs=False" if not cuda_graphs
+                                       else capture_blocker(model, self.device, deterministic))
         if self.graphs_disabled_reason is None:
             self.runner.graphs = DecodeGraphs(self.runner.decode_hidden, max_batch_size, max_blocks, self.device)
         self._mode = _batch_invariant_mode() if deterministic else contextlib.nullcontext

@@ -1,0 +1,124 @@
+"""MoE dispatch on the CPU: device groups (every expert in one grouped call on device offsets) equal the chunked
+host-sized path, the device path reads nothing on the host, and the combine sums a token's slots in slot order."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orbit_lightning.adapters.lora import LoraExperts
+from orbit_lightning.adapters.slots import AdapterState
+from orbit_lightning.models.moe import _combine
+from orbit_lightning.quant.grouped import ExpertGroups, grouped_mm, per_row_mm, torch_grouped_mm_blocker
+from tests.models.moe_cases import ROUTINGS, D, E, I, dispatch_path, random_experts, routing
+
+
+def _reference(experts, x, ids, w):
+    """Token by token, slot by slot, with F.linear on each expert's weights."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = ids[t, j]
+            h = F.silu(F.linear(x[t], experts.gate_proj[e])) * F.linear(x[t], experts.up_proj[e])
+            out[t] += w[t, j] * F.linear(h, experts.down_proj[e])
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ROUTINGS))
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_device_groups_equal_host_chunks_plain(name, chunk):
+    experts = random_experts()
+    x, ids, w = routing(name)
+    results = []
+    for device_groups in (True, False):
+        xg = x.clone().requires_grad_()
+        with dispatch_path(experts, device_groups, chunk):
+            y = experts(xg, ids, w)
+        y.pow(2).sum().backward()
+        results.append((y.detach(), xg.grad, [p.grad.clone() for p in experts.parameters()]))
+        experts.zero_grad()
+    (y_dev, dx_dev, dw_dev), (y_host, dx_host, dw_host) = results
+    # Same per-group matmuls, same combine: identical bits.
+    assert torch.equal(y_dev, y_host)
+    assert torch.equal(dx_dev, dx_host)
+    for a, b in zip(dw_dev, dw_host):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+    assert (y_dev - _reference(experts, x, ids, w)).abs().max() <= 1e-5
+    with torch.no_grad():  # inference: torch's grouped GEMM where this torch has it on the CPU (no weight grad)
+        outs = []
+        for device_groups in (True, False):
+            with dispatch_path(experts, device_groups, chunk):
+                outs.append(experts(x, ids, w))
+    assert torch.equal(outs[0], outs[1]) and torch.allclose(outs[0], y_dev, rtol=0, atol=1e-6)
+
+
+def test_plain_experts_take_device_groups_where_torch_has_grouped_gemm():
+    experts = random_experts()
+    cpu_ok = torch_grouped_mm_blocker(torch.float32, (I, D), torch.device("cpu")) is None
+    assert experts.chunk_size(10, torch.device("cpu")) == (None if cpu_ok else experts.chunk)
+    assert "bf16" in experts.device_groups_blocker(torch.device("cuda"))  # fp32 on CUDA: host-sized chunks
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_device_path_reads_nothing_on_the_host(lora, monkeypatch):
+    """Inference on device groups: no .tolist / .item / nonzero / bool anywhere, expert LoRA included."""
+    experts = random_experts().requires_grad_(False)
+    if experts.device_groups_blocker(torch.device("cpu")) is not None:
+        pytest.skip("this torch has no CPU grouped GEMM")
+    if lora:
+        experts = LoraExperts(experts, AdapterState(), r=4, alpha=8)
+        torch.nn.init.normal_(experts.up_proj_lora_B, std=0.1)
+    x, ids, w = routing("empty-experts")
+    with torch.no_grad():
+        want = experts(x, ids, w)
+
+        def host_read(*args, **kwargs):
+            raise AssertionError("the device path read a tensor on the host")
+
+        for name in ("tolist", "item", "nonzero", "__bool__", "__int__"):
+            monkeypatch.setattr(torch.Tensor, name, host_read)
+        got = experts(x, ids, w)
+        monkeypatch.undo()
+    assert torch.equal(got, want)
+
+
+def test_combine_sums_slots_in_order_independent_of_the_batch():
+    g = torch.Generator().manual_seed(3)
+    t, k = 6, 3
+    ids = torch.randint(0, E, (t, k), generator=g)
+    order = ids.reshape(-1).argsort(stable=True)
+    ys = torch.randn(t * k, D, generator=g)  # expert outputs, sorted by expert
+    w = torch.rand(t, k, generator=g)
+    y_tk = torch.empty_like(ys)
+    y_tk[order] = ys
+    y_tk = y_tk.view(t, k, D)
+    want = y_tk[:, 0] * w[:, :1] + y_tk[:, 1] * w[:, 1:2] + y_tk[:, 2] * w[:, 2:3]
+    assert torch.equal(_combine(ys, order, w, torch.float32), want)
+    # A token alone gives the same bits as in the batch.
+    for i in range(t):
+        o = ids[i].argsort(stable=True)
+        alone = _combine(y_tk[i][o], o, w[i : i + 1], torch.float32)
+        assert torch.equal(alone[0], want[i])
+
+
+def test_zero_tokens():
+    experts = random_experts()
+    x, ids, w = torch.zeros(0, D), torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2)
+    for device_groups in (True, False):
+        with dispatch_path(experts, device_groups):
+            assert experts(x, ids, w).shape == (0, D)
+
+
+def test_grouped_mm_paths_agree_with_empty_groups():
+    g = torch.Generator().manual_seed(1)
+    sizes = [3, 0, 0, 5, 1, 0]
+    x = torch.randn(sum(sizes), 16, generator=g)
+    w = torch.randn(len(sizes), 8, 16, generator=g)
+    offsets = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32)
+    want = torch.cat([xg @ wg.t() for xg, wg in zip(x.split(sizes), w)])
+    device = ExpertGroups(offsets)
+    assert device.row_groups(x.shape[0]).tolist() == [0, 0, 0, 3, 3, 3, 3, 3, 4]
+    assert torch.allclose(grouped_mm(x, w, device), want, rtol=0, atol=1e-6)
+    assert torch.allclose(per_row_mm(x, w, device), want, rtol=0, atol=1e-5)  # the CUDA fallback without sizes
+    active = [i for i, s in enumerate(sizes) if s]
+    chunk = ExpertGroups.chunk(active, [sizes[i] for i in active], x.device)
+    assert torch.equal(grouped_mm(x, chunk.select(w), chunk), grouped_mm(x, w, device))
