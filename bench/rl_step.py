@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (smoke tests)")
     ap.add_argument("--quant", default="int4")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="batch-invariant mode in the engine and the trainer (rollout.deterministic)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
 
@@ -69,7 +71,7 @@ def main() -> None:
               "answer": None, "metadata": {}, "index": i} for i in range(total)]
     batches = [items[i : i + args.prompts] for i in range(0, total, args.prompts)]
     rollout = RolloutConfig(group_size=args.gens, max_new_tokens=args.new_tokens, ignore_eos=True,
-                            kv_fraction=0.5 if dev.type == "cuda" else None)
+                            kv_fraction=0.5 if dev.type == "cuda" else None, deterministic=args.deterministic)
     algo = AlgoConfig(kl_coef=0.04, updates_per_step=1, micro_batch_tokens=16384)
     module = RLModule(model, Tok(), rewards=RewardRunner([(random_reward, 1.0)]), algo=algo, rollout=rollout,
                       optim=OptimConfig(lr=1e-5))
@@ -116,7 +118,8 @@ def main() -> None:
         "logprob_diff_abs_mean": statistics.mean(d["rollout/logprob_diff_abs_mean"] for d in diffs),
         "logprob_diff_abs_max": max(d["rollout/logprob_diff_abs_max"] for d in diffs),
     }
-    print(f"{args.shape} x{result['layers']}L {args.quant} P={args.prompts} G={args.gens} L={args.new_tokens}: "
+    mode = "deterministic " if args.deterministic else ""
+    print(f"{mode}{args.shape} x{result['layers']}L {args.quant} P={args.prompts} G={args.gens} L={args.new_tokens}: "
           f"step {result['step_s_median']:.2f}s")
     for p in phases:
         print(f"  {p:<13} {result['phase_s_median'][p]:8.3f}s  peak {result['peak_bytes'][p] / 2**30:7.2f} GiB")
