@@ -16,19 +16,20 @@ sections=${*:-tests rlstep default rollout}
 for s in $sections; do
   start=$(date +%s)
   case $s in
-    tests)   timeout 110 python3 -m pytest -q -m gpu tests -x -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
-    rollout) timeout 200 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 \
-               --batches 1 16 64 256 >"$OUT/rollout.log" 2>&1 ;;
-    rlstep)  timeout 100 python3 bench/rl_step.py --shape qwen3-1.7b --prompts 8 --gens 8 --new-tokens 256 --steps 4 \
-               >"$OUT/rl_step.log" 2>&1 ;;
+    tests)   timeout 280 python3 -m pytest -q -m gpu tests -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
+    rollout) timeout 330 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 \
+               --batches 1 16 64 256 --profile 8 --hf-max-batch 64 >"$OUT/rollout.log" 2>&1 ;;
+    rlstep)  for det in "" --deterministic; do timeout 100 python3 bench/rl_step.py --shape qwen3-1.7b --prompts 8 \
+               --gens 8 --new-tokens 256 --steps 4 $det; done >"$OUT/rl_step.log" 2>&1 ;;
     default) timeout 130 python3 -m orbit_lightning.cli model.device=cuda trainer.max_steps=200 trainer.eval_every=50 \
                trainer.output_dir="$OUT/default_run" >"$OUT/default.log" 2>&1 ;;
-    kernels) timeout 200 python3 bench/kernels.py >"$OUT/kernels.log" 2>&1 ;;
+    kernels) timeout 200 python3 bench/kernels.py --sections dense,moe --budget 170 >"$OUT/kernels.log" 2>&1 ;;
   esac
   echo "== $s: exit $? in $(( $(date +%s) - start ))s"
 done
 echo "== summaries"
-tail -3 "$OUT/tests.log" 2>/dev/null
-tail -25 "$OUT/rollout.log" 2>/dev/null
-tail -9 "$OUT/rl_step.log" 2>/dev/null
+grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" 2>/dev/null | tail -12
+grep -E "^\[profile\] batch|^qwen|roof|HF|dlogprob" "$OUT/rollout.log" 2>/dev/null | tail -24
+grep -A9 -E "^(deterministic )?qwen3" "$OUT/rl_step.log" 2>/dev/null | tail -20
+grep -A6 "== summary" "$OUT/kernels.log" 2>/dev/null
 grep -E '"eval/(accuracy|pass@)' "$OUT/default.log" 2>/dev/null | head -12
