@@ -82,6 +82,66 @@ def pick_config(kind: str, m: int, device: torch.device, dtype: torch.dtype = to
     return next(cfg for bound, cfg in _FAST[kind] if m <= bound)
 
 
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tiles of the small-M forward kernel (gemv.py): block_m activation rows (M padded to it),
+    block_n weight rows and block_k of K per iteration; k_iters iterations per program, so one split
+    covers k_iters * block_k of K (0 = pick the split count so the grid holds ~programs_per_sm programs
+    per SM). dot: multiply on the tensor cores (tl.dot) instead of the FMA units."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    k_iters: int = 0
+    dot: bool = True
+    num_warps: int = 1
+    num_stages: int = 1
+    programs_per_sm: int = 12
+    prefetch: bool = True  # int4 packed path: load the next tile's words one iteration ahead
+    two_tiles: bool = False  # dot: two block_k tiles per iteration (longer contiguous reads per row)
+    maxnreg: int | None = None  # register cap per thread (more programs per SM), None = compiler's choice
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"GemvConfig.{name} must be a power of two, got {v}")
+        if self.dot and min(self.block_m, self.block_n) < 16:
+            raise ValueError("GemvConfig with dot=True needs block_m and block_n >= 16 (tl.dot minimum)")
+        if self.block_k < 32:
+            raise ValueError(f"GemvConfig.block_k must be >= 32, got {self.block_k}")
+        if self.k_iters < 0 or self.programs_per_sm < 1:
+            raise ValueError("GemvConfig.k_iters must be >= 0 and programs_per_sm >= 1")
+
+
+# Small-M forward (decode) on the bandwidth-bound kernel, by M bucket; larger M uses the tile GEMM. From
+# bench/gemv_sweep.py on an H200 (graph_us, the dense shapes of bench/kernels.py): one warp per program,
+# each 128-wide int4 tile decoded straight into the mma operand registers (gemv.py). M = 1: 16 weight
+# rows per program, two tiles per step (256-byte reads per weight row) loaded one step ahead, x as one
+# broadcast row. 2 <= M <= 16: 32 rows per program, one tile per step, no prefetch (registers, not
+# latency, limit these). The split count fills ~8-12 one-warp programs per SM.
+_GEMV: tuple[tuple[int, GemvConfig], ...] = (
+    (1, GemvConfig(16, 16, 128, programs_per_sm=12, two_tiles=True)),
+    (16, GemvConfig(16, 32, 128, programs_per_sm=8, prefetch=False)),
+)
+GEMV_MAX_M = _GEMV[-1][0]
+_GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small tiles, same code
+
+
+def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool) -> GemvConfig | None:
+    """The small-M kernel's config for M rows of `dtype` activations, or None where the tile GEMM serves:
+    larger M, batch-invariant mode (its single fixed tile config must serve every M) and, on the GPU,
+    anything but int4 through the packed-bf16 decoder (`packed_int4`; bf16 activations): the kernel reads
+    every format, but was tuned and measured on that one only."""
+    if m > GEMV_MAX_M or is_batch_invariant():
+        return None
+    if device.type != "cuda":
+        return _GEMV_CPU
+    if not packed_int4:
+        return None
+    return next(cfg for bound, cfg in _GEMV if m <= bound)
+
+
 # Decode int4 with the packed-bf16 PTX path when activations are bf16 (see dequant.py); set False to
 # force the generic fp32 decoder, e.g. to compare the two bit for bit.
 FAST_INT4 = True
@@ -101,3 +161,19 @@ def auto_split(cfg: TileConfig, programs: int, r: int, device: torch.device) -> 
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     want = -(-2 * _SM_COUNT[idx] // max(programs, 1))
     return max(1, min(want, n_r_tiles, 32))
+
+
+def gemv_splits(cfg: GemvConfig, programs: int, k: int, device: torch.device, step: int) -> int:
+    """Iterations per program of the small-M kernel (each covers `step` of K): cfg.k_iters, or (when it is
+    0) the fewest that leave about cfg.programs_per_sm programs per SM over `programs` output tiles (one
+    split on the CPU)."""
+    n_k_tiles = -(-k // step)
+    if cfg.k_iters:
+        return min(cfg.k_iters, n_k_tiles)
+    if device.type != "cuda":
+        return n_k_tiles
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    splits = max(1, min(n_k_tiles, -(-cfg.programs_per_sm * _SM_COUNT[idx] // max(programs, 1))))
+    return -(-n_k_tiles // splits)

@@ -188,3 +188,62 @@ def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, RO
         else:
             w = vals * scales
     return w
+
+
+@triton.jit
+def load_word_scales(s_ptr, rows, k0, N, n_groups, stride_sn, ROWS: tl.constexpr, BK: tl.constexpr,
+                     GROUP: tl.constexpr, K_EVEN: tl.constexpr):
+    """int4 only: the bf16 scale of every stored word of W[rows, k0:k0+BK], as [ROWS, BK // 8] (0 for rows
+    >= N and past K): the values load_scales + _expand_groups give, rounded to bf16 (exact, int4 scales
+    are bf16). For kernels whose threads own single words (4-byte word loads): the addresses repeat along
+    K, so the compiler orders the load by rows first; it is issued as [BK // 8, ROWS] and transposed,
+    which puts it in the register layout of the words themselves."""
+    wc = k0 // 8 + tl.arange(0, BK // 8)
+    g = wc // (GROUP // 8)  # GROUP >= 8: a word's 8 values share one group
+    if K_EVEN:
+        mask = (rows[None, :] < N) & (g[:, None] >= 0)
+    else:
+        mask = (rows[None, :] < N) & (g[:, None] < n_groups)
+    s = tl.load(s_ptr + rows[None, :] * stride_sn + g[:, None], mask=mask, other=0.0)
+    return tl.trans(s).to(tl.bfloat16)
+
+
+@triton.jit
+def _int4_words_to_bf16(words, word_scales):
+    """The eight nibbles of each int32 word as bf16 (GPU only): a tuple o0..o7 of tensors shaped like
+    `words`, oj = (nibble j - 8) * scale rounded to bf16, the values _int4_to_bf16 returns before its
+    interleave (callers that may permute K, like a dot product, use them in any consistent order)."""
+    return tl.inline_asm_elementwise(
+        _INT4_BF16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, word_scales],
+        dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16,
+               tl.bfloat16),
+        is_pure=True, pack=1)
+
+
+# The same decode as _INT4_BF16_ASM (its text up to the final moves), then each bf16 value widened to
+# fp32 (its bits in the high half): a shift for nibbles 0-3 (low halves) and a mask for 4-7. One
+# instruction per value, where a generic bf16 -> fp32 conversion of an unpacked pair costs three.
+_INT4_F32_ASM = tl.constexpr(
+    _INT4_BF16_ASM.value.split("mov.b32 {$0, $4}")[0]
+    + "".join(f"shl.b32 ${j}, t{j}, 16;\nand.b32 ${j + 4}, t{j}, 0xFFFF0000;\n" for j in range(4))
+    + "}\n"
+)
+
+
+@triton.jit
+def _int4_words_to_f32(words, word_scales):
+    """_int4_words_to_bf16's eight nibble planes, widened to fp32 (exactly: same values)."""
+    return tl.inline_asm_elementwise(
+        _INT4_F32_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,h", [words, word_scales],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32, tl.float32,
+               tl.float32),
+        is_pure=True, pack=1)
+
+
+@triton.jit
+def _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, ROWS: tl.constexpr, BK: tl.constexpr):
+    """Eight nibble planes [ROWS, BK // 8] (oj = value j of each word) -> the tile [ROWS, BK] in K order,
+    interleaved as _int4_to_bf16 does (in registers: each thread keeps its words' values)."""
+    lo = tl.join(tl.join(o0, o4), tl.join(o2, o6))
+    hi = tl.join(tl.join(o1, o5), tl.join(o3, o7))
+    return tl.reshape(tl.join(lo, hi), (ROWS, BK))

@@ -15,9 +15,10 @@ import triton.language as tl
 from torch import Tensor
 
 from . import configs
-from .configs import TileConfig, auto_split, pick_config
+from .configs import TileConfig, auto_split, pick_config, pick_gemv
 from .dequant import dequant_tile, load_scales
-from .formats import INT4, PackedWeight
+from .formats import INT4, PLAIN, PackedWeight
+from .gemv import gemv
 
 
 @triton.jit
@@ -207,6 +208,15 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         return out.reshape(*lead, p)
     if r == 0:
         return out.zero_().reshape(*lead, p)
+    if config is None and not dx and w.fmt.code != PLAIN:
+        # Decode sizes: the bandwidth-bound small-M kernel (never in batch-invariant mode, which keeps
+        # its one fixed tile config for every M; pick_gemv returns None there).
+        packed_int4 = fast_int4(w, a.dtype)
+        gcfg = pick_gemv(m, a.device, a.dtype, packed_int4)
+        if gcfg is not None:
+            a2 = a2 if a2.stride(1) == 1 else a2.contiguous()
+            gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4)
+            return out.reshape(*lead, p)
     cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
     split = auto_split(cfg, n_tiles, r, a.device)

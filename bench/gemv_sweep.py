@@ -1,0 +1,381 @@
+"""Sweep of the small-M (decode) kernel and of the one-pass int4 dequantize, on the GPU machine.
+
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final]
+
+gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph
+cold-L2 times (graph_us), each output checked against an fp32 reference; per-variant geomean speedups
+over bf16 F.linear and the best variant per shape. final: the short list per M (1, 2, 4, 16), then the
+winners wired into configs._GEMV for this process and bench/kernels.py's dense table run with them.
+dequant: old vs new kernels.dequantize timed with do_bench and graph_us (the difference is host cost
+that do_bench cannot hide), host cost per call on a tiny weight and its parts, int4 tile variants, and
+a device copy / fill for the bandwidth ceiling. train: dequantize + cuBLAS vs bf16, fwd + dX, M = 4096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from orbit_lightning.kernels import configs, dequant_weight, gemm, gemv
+from orbit_lightning.kernels.configs import GemvConfig
+from orbit_lightning.kernels.formats import resolve
+
+from orbit_lightning import kernels
+from orbit_lightning.quant.formats import get_format
+
+_spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(os.path.dirname(__file__), "kernels.py"))
+bk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bk)
+graph_us, us = bk.graph_us, bk.us
+
+_LOG = open(os.path.join(os.environ["OUT"], "gemv_sweep.log"), "w") if os.environ.get("OUT") else None
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+    if _LOG:
+        _LOG.write(line + "\n")
+        _LOG.flush()
+
+
+def gm(v):
+    return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+
+
+def dot_variants() -> dict[str, GemvConfig]:
+    tiles = {  # name -> (block_n, warps, prefetch, maxnreg)
+        "n32": (32, 1, True, None),
+        "n32np": (32, 1, False, None),
+        "n16": (16, 1, True, None),
+        "n64": (64, 1, True, None),
+        "n64r168": (64, 1, True, 168),
+        "n32r128": (32, 1, True, 128),
+        "n128w4": (128, 4, True, None),
+    }
+    out = {}
+    for name, (bn, warps, pf, reg) in tiles.items():
+        kw = dict(num_warps=warps, prefetch=pf, maxnreg=reg)
+        for it in (2, 4, 8):
+            out[f"{name}/k{it}"] = GemvConfig(16, bn, 128, k_iters=it, **kw)
+        for pps in (8, 12, 16, 24, 32):
+            out[f"{name}/p{pps}"] = GemvConfig(16, bn, 128, programs_per_sm=pps, **kw)
+    return out
+
+
+def fma_variants(bm: int) -> dict[str, GemvConfig]:
+    tiles = {"f32w4": (32, 256, 4), "f64w4": (64, 256, 4)}
+    out = {}
+    for name, (bn, bkk, warps) in tiles.items():
+        for it in (4,):
+            out[f"{name}/k{it}"] = GemvConfig(bm, bn, bkk, k_iters=it, dot=False, num_warps=warps)
+        for pps in (16, 32):
+            out[f"{name}/p{pps}"] = GemvConfig(bm, bn, bkk, dot=False, num_warps=warps, programs_per_sm=pps)
+    return out
+
+
+def tickets(n: int) -> torch.Tensor:
+    return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
+
+
+def run_gemv(x: torch.Tensor, w, cfg: GemvConfig) -> torch.Tensor:
+    out = torch.empty((x.shape[0], w.n), dtype=x.dtype, device=x.device)
+    return gemv.gemv(x, w, out, cfg, tickets, gemm.fast_int4(w, x.dtype))
+
+
+def packed_bytes(packed: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in packed.values())
+
+
+def section_gemv(deadline: float) -> None:
+    say("\n== gemv sweep: int4-g32 forward, graph_us (cold L2, no host cost), x = bf16 F.linear us / variant us ==")
+    fmt = get_format("int4")
+    shapes = [(f"{model}.{layer}", n, k) for model, layers in bk.DENSE.items() for layer, n, k in layers]
+    dots, fmas1 = dot_variants(), fma_variants(1)
+    tiny = resolve("int4", fmt.random_packed((128, 512), device="cuda"), stacked=False)
+    xt = torch.randn(1, 512, device="cuda").bfloat16()
+    one = torch.zeros(1, device="cuda")
+    say(f"floor: one tiny kernel (zero_ of 4 bytes) {graph_us(one.zero_):.2f} us; gemv 128x512 M=1 no split "
+        f"{graph_us(run_gemv, xt, tiny, GemvConfig(16, 32, 128, k_iters=4)):.2f} us, 4 splits "
+        f"{graph_us(run_gemv, xt, tiny, GemvConfig(16, 32, 128, k_iters=1)):.2f} us")  # fmt: skip
+    rows = []  # (shape, m, variant, us)
+    base = {}  # (shape, m) -> (bf16 us, old us, bytes)
+    bad = set()
+    for name, n, k in shapes:
+        if time.time() > deadline:
+            say("(budget: gemv sweep cut short)")
+            break
+        torch.manual_seed(0)
+        packed = fmt.random_packed((n, k), device="cuda")
+        w = resolve("int4", packed, stacked=False)
+        wdq = kernels.dequantize("int4", packed).float()
+        wbf = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = x.float() @ wdq.T
+            bound = 2.0**-8 * (x.float().abs() @ wdq.abs().T + ref.abs())
+            old_cfg = configs._FAST["fwd"][0][1]
+            base[(name, m)] = (graph_us(F.linear, x, wbf),
+                               graph_us(kernels.int4_linear, x, packed, config=old_cfg),
+                               packed_bytes(packed) + 2 * m * (n + k))  # fmt: skip
+            variants = {**dots, **fmas1} if m == 1 else dots
+            for vname, cfg in variants.items():
+                if vname in bad:
+                    continue
+                try:
+                    y = run_gemv(x, w, cfg)
+                    err = ((y.float() - ref).abs() - bound).max().item()
+                    if err > 0:
+                        say(f"  WRONG {vname} {name} M={m}: exceeds bound by {err:.3e}")
+                        bad.add(vname)
+                        continue
+                    rows.append((name, m, vname, graph_us(run_gemv, x, w, cfg)))
+                except Exception as e:  # a config may not compile / fit
+                    say(f"  FAILED {vname}: {type(e).__name__}: {str(e)[:200]}")
+                    bad.add(vname)
+        del wdq, wbf
+        torch.cuda.empty_cache()
+        done = [r for r in rows if r[0] == name]
+        best = {m: min((r for r in done if r[1] == m), key=lambda r: r[3], default=None) for m in (1, 16)}
+        for m in (1, 16):
+            if (name, m) in base and best[m]:
+                b16, old, byts = base[(name, m)]
+                vname, t = best[m][2], best[m][3]
+                say(f"{name:24} {n:6} {k:6} M={m:2} | bf16 {b16:7.1f} old {old:7.1f} ({b16 / old:4.2f}x) | best "
+                    f"{vname:14} {t:7.1f} ({b16 / t:4.2f}x, {byts / t / 1e6:4.2f} TB/s)")  # fmt: skip
+    for m in (1, 16):
+        say(f"\n-- M={m}: variants by geomean speedup over bf16 (min over shapes), top 12 --")
+        by_v: dict[str, list[float]] = {}
+        for name, mm, vname, t in rows:
+            if mm == m:
+                by_v.setdefault(vname, []).append(base[(name, m)][0] / t)
+        n_shapes = max((len(v) for v in by_v.values()), default=0)
+        ranked = sorted(((gm(v), min(v), k) for k, v in by_v.items() if len(v) == n_shapes), reverse=True)
+        for g, mn, vname in ranked[:12]:
+            say(f"   {vname:16} geomean {g:5.2f}x  min {mn:5.2f}x")
+    say("\n-- best variant per shape (oracle) --")
+    for m in (1, 16):
+        ratios = []
+        for (name, mm), (b16, _, _) in base.items():
+            cand = [r[3] for r in rows if r[0] == name and r[1] == m]
+            if mm == m and cand:
+                ratios.append(b16 / min(cand))
+        say(f"   M={m}: oracle geomean {gm(ratios):5.2f}x min {min(ratios, default=float('nan')):5.2f}x; old path "
+            f"geomean {gm([b / o for (nm, mm), (b, o, _) in base.items() if mm == m]):5.2f}x")  # fmt: skip
+
+
+def final_candidates() -> dict[int, dict[str, GemvConfig]]:
+    """Per M: the variants the final run picks from (the best of the earlier sweeps and their neighbours)."""
+    m1 = {}
+    for pps in (12, 16, 24):
+        m1[f"n16/p{pps}"] = GemvConfig(16, 16, 128, programs_per_sm=pps)
+        m1[f"n16two/p{pps}"] = GemvConfig(16, 16, 128, programs_per_sm=pps, two_tiles=True)
+        m1[f"n16two-np/p{pps}"] = GemvConfig(16, 16, 128, programs_per_sm=pps, two_tiles=True, prefetch=False)
+        m1[f"n32two/p{pps}"] = GemvConfig(16, 32, 128, programs_per_sm=pps, two_tiles=True)
+        m1[f"f32w4/p{pps}"] = GemvConfig(1, 32, 256, programs_per_sm=pps, dot=False, num_warps=4)
+    m1["f32w4/k4"] = GemvConfig(1, 32, 256, k_iters=4, dot=False, num_warps=4)
+    m16 = {}
+    for pps in (8, 12, 16):
+        m16[f"n32np/p{pps}"] = GemvConfig(16, 32, 128, programs_per_sm=pps, prefetch=False)
+        m16[f"n32two-np/p{pps}"] = GemvConfig(16, 32, 128, programs_per_sm=pps, two_tiles=True, prefetch=False)
+        m16[f"n16two-np/p{pps}"] = GemvConfig(16, 16, 128, programs_per_sm=pps, two_tiles=True, prefetch=False)
+        m16[f"n16/p{pps}"] = GemvConfig(16, 16, 128, programs_per_sm=pps)
+    m16["n32np/k4"] = GemvConfig(16, 32, 128, k_iters=4, prefetch=False)
+    m2 = {"f32w4x2/k4": GemvConfig(2, 32, 256, k_iters=4, dot=False, num_warps=4),
+          "f32w4x2/p16": GemvConfig(2, 32, 256, programs_per_sm=16, dot=False, num_warps=4)}  # fmt: skip
+    m4 = {"f32w4x4/k4": GemvConfig(4, 32, 256, k_iters=4, dot=False, num_warps=4),
+          "f32w4x4/p16": GemvConfig(4, 32, 256, programs_per_sm=16, dot=False, num_warps=4)}  # fmt: skip
+    return {1: m1, 2: m2, 4: m4, 16: m16}
+
+
+def section_final(deadline: float) -> None:
+    """Pick the best candidate per M (geomean over the dense shapes), wire it into configs._GEMV for this
+    process, and run bench/kernels.py's dense table with it."""
+    say("\n== final: candidates per M, graph_us; x = bf16 F.linear us / variant us ==")
+    fmt = get_format("int4")
+    shapes = [(f"{model}.{layer}", n, k) for model, layers in bk.DENSE.items() for layer, n, k in layers]
+    cands = final_candidates()
+    ratios: dict[tuple[int, str], list[float]] = {}
+    bad = set()
+    for name, n, k in shapes:
+        if time.time() > deadline:
+            say("(budget: final sweep cut short)")
+            break
+        torch.manual_seed(0)
+        packed = fmt.random_packed((n, k), device="cuda")
+        w = resolve("int4", packed, stacked=False)
+        wdq = kernels.dequantize("int4", packed).float()
+        wbf = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+        for m, variants in cands.items():
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            ref = x.float() @ wdq.T
+            bound = 2.0**-8 * (x.float().abs() @ wdq.abs().T + ref.abs())
+            b16 = graph_us(F.linear, x, wbf)
+            todo = dict(variants)
+            if m in (2, 4):  # against the M = 16 DOT candidates
+                todo.update({v: c for v, c in cands[16].items() if v.endswith("/p12")})
+            for vname, cfg in todo.items():
+                if (m, vname) in bad:
+                    continue
+                try:
+                    y = run_gemv(x, w, cfg)
+                    if ((y.float() - ref).abs() - bound).max().item() > 0:
+                        say(f"  WRONG {vname} {name} M={m}")
+                        bad.add((m, vname))
+                        continue
+                    ratios.setdefault((m, vname), []).append(b16 / graph_us(run_gemv, x, w, cfg))
+                except Exception as e:
+                    say(f"  FAILED {vname} M={m}: {type(e).__name__}: {str(e)[:200]}")
+                    bad.add((m, vname))
+        del wdq, wbf
+        torch.cuda.empty_cache()
+    best = {}
+    for m in cands:
+        full = max((len(v) for (mm, _), v in ratios.items() if mm == m), default=0)
+        ranked = sorted(((gm(v), min(v), name) for (mm, name), v in ratios.items() if mm == m and len(v) == full),
+                        reverse=True)  # fmt: skip
+        say(f"-- M={m}: " + "  ".join(f"{nm} {g:.2f}x (min {mn:.2f})" for g, mn, nm in ranked[:6]))
+        if ranked:
+            best[m] = ranked[0][2]
+    allc = {v: c for d in cands.values() for v, c in d.items()}
+    if 1 in best and 16 in best:
+        configs._GEMV = ((1, allc[best[1]]), (16, allc[best[16]]))
+        say(f"wired for this run: configs._GEMV = {configs._GEMV!r}")
+    rep = bk.Report(100)
+    bk.bench_dense(rep)
+    bk.summary(rep)
+
+
+def old_dequantize(packed: dict) -> torch.Tensor:
+    """kernels.dequantize as it was: an arange of expert ids per call, 64x128 tiles, 16-byte word loads."""
+    w = resolve("int4", packed, stacked=False)
+    ids = torch.arange(1, device=w.values.device, dtype=torch.int32)
+    out = torch.empty((1, w.n, w.k), dtype=torch.bfloat16, device=w.values.device)
+    values, scale = w.values.unsqueeze(0), w.scale.unsqueeze(0)
+    dequant_weight._dequant_kernel[(triton.cdiv(w.n, 64), triton.cdiv(w.k, 128), 1)](
+        values, scale, scale, out, ids, w.n, w.k, w.scale.shape[-1],
+        values.stride(0), values.stride(1), scale.stride(0), scale.stride(1), out.stride(0), out.stride(1),
+        FMT=0, GROUP=w.group, BN=64, BK=128, K_EVEN=w.k % 128 == 0, FAST_INT4=True, HAS_IDS=True, num_warps=4,
+    )  # fmt: skip
+    return out[0]
+
+
+def host_us(fn, *args, calls: int = 300) -> float:
+    fn(*args)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def section_dequant(deadline: float) -> None:
+    say("\n== int4-g32 -> bf16 dequantize: us (TB/s = packed read + bf16 write bytes / time) ==")
+    fmt = get_format("int4")
+    tiny = fmt.random_packed((64, 256), device="cuda")
+    new = lambda p: kernels.dequantize("int4", p)  # noqa: E731
+    say(f"host cost per call (tiny 64x256 weight, wall clock): old {host_us(old_dequantize, tiny):5.1f} us, "
+        f"new {host_us(new, tiny):5.1f} us")  # fmt: skip
+    w = resolve("int4", tiny, stacked=False)
+    values, scale = w.values.unsqueeze(0), w.scale.unsqueeze(0)
+    out = torch.empty((1, w.n, w.k), dtype=torch.bfloat16, device="cuda")
+
+    def launch_only():
+        dequant_weight._dequant_int4_kernel[(2, 1, 1)](
+            values, scale, out, scale, w.n, w.k, w.scale.shape[-1],
+            values.stride(0), values.stride(1), scale.stride(0), scale.stride(1), out.stride(0), out.stride(1),
+            GROUP=32, BN=32, BK=256, K_EVEN=True, HAS_IDS=False, STORE_CACHE="", num_warps=4,
+        )  # fmt: skip
+
+    say(f"  of which: resolve {host_us(resolve, 'int4', tiny, False):5.1f} us, torch.empty "
+        f"{host_us(torch.empty, (1, 64, 256)):5.1f} us (cpu), triton launch {host_us(launch_only):5.1f} us, "
+        f"an empty torch op {host_us(torch.Tensor.zero_, torch.empty(1, device='cuda')):5.1f} us")  # fmt: skip
+    say(f"{'N':>6} {'K':>6} | {'copy':>6} | {'old bench':>9} {'old graph':>9} | {'new bench':>9} {'new graph':>9} "
+        f"{'TB/s':>5} | tile variants (graph us)")  # fmt: skip
+    tiles = [(32, 256, 4), (16, 256, 4), (64, 256, 4), (64, 256, 8), (128, 256, 8), (8, 256, 2), (32, 256, 8)]
+    for n, k in ((24576, 4096), (4096, 4096), (5120, 2048), (4096, 12288), (2048, 4096), (36864, 7168),
+                 (9216, 4096)):  # fmt: skip
+        if time.time() > deadline:
+            say("(budget: dequant cut short)")
+            return
+        packed = fmt.random_packed((n, k), device="cuda")
+        if not torch.equal(new(packed), old_dequantize(packed)):
+            say(f"  WRONG: new dequantize differs from the old one at {n}x{k}")
+        byts = packed_bytes(packed) + 2 * n * k
+        src = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
+        dst = torch.empty_like(src)
+        copy = graph_us(dst.copy_, src)
+        fill = graph_us(dst.zero_)
+        t = [us(old_dequantize, packed), graph_us(old_dequantize, packed), us(new, packed), graph_us(new, packed)]
+        variants = []
+        saved = dequant_weight.INT4_TILE
+        for tile in tiles:
+            dequant_weight.INT4_TILE = tile
+            try:
+                variants.append(f"{tile[0]}x{tile[1]}w{tile[2]}:{graph_us(new, packed):.1f}")
+            except Exception as e:
+                variants.append(f"{tile}:{type(e).__name__}")
+            finally:
+                dequant_weight.INT4_TILE = saved
+        dequant_weight.INT4_STORE_CACHE = ".cs"
+        variants.append(f"streaming-stores:{graph_us(new, packed):.1f}")
+        dequant_weight.INT4_STORE_CACHE = ""
+        say(f"{n:6} {k:6} | {copy:6.1f} | {t[0]:9.1f} {t[1]:9.1f} | {t[2]:9.1f} {t[3]:9.1f} {byts / t[3] / 1e6:5.2f} | "
+            + " ".join(variants)
+            + f"  (copy {4 * n * k / copy / 1e6:.2f} TB/s, write-only {2 * n * k / fill / 1e6:.2f})")  # fmt: skip
+        del src, dst
+        torch.cuda.empty_cache()
+
+
+def section_train(deadline: float) -> None:
+    say("\n== training M=4096: bf16 (F.linear + dy @ W) vs dequantize + cuBLAS, do_bench us ==")
+    fmt = get_format("int4")
+    ratios = []
+    for model, layers in bk.DENSE.items():
+        for layer, n, k in layers:
+            if time.time() > deadline:
+                say("(budget: train cut short)")
+                return
+            packed = fmt.random_packed((n, k), device="cuda")
+            w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+            x, dy = torch.randn(4096, k, device="cuda").bfloat16(), torch.randn(4096, n, device="cuda").bfloat16()
+            t = [
+                us(F.linear, x, w),
+                us(torch.matmul, dy, w),
+                us(bk.dq_linear, x, packed),
+                us(bk.dq_linear_dx, dy, packed),
+            ]
+            r = (t[0] + t[1]) / (t[2] + t[3])
+            ratios.append(r)
+            say(f"{model + '.' + layer:28} {n:6} {k:6} | bf16 {t[0]:7.1f} + {t[1]:7.1f} | dq+mm {t[2]:7.1f} + "
+                f"{t[3]:7.1f} | {r:4.2f}x")  # fmt: skip
+            del w, x, dy
+            torch.cuda.empty_cache()
+    say(f"training dq+mm / bf16 geomean {gm(ratios):4.2f} min {min(ratios):4.2f} (target >= 0.9)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
+    p.add_argument("--sections", default="dequant,train,gemv")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/gemv_sweep.py needs a CUDA GPU")
+    deadline = time.time() + args.budget
+    say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
+    sections = {"gemv": section_gemv, "dequant": section_dequant, "train": section_train, "final": section_final}
+    start = time.time()
+    for name in args.sections.split(","):
+        sections[name](deadline)
+        say(f"({name} done at {time.time() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Bandwidth-bound small-M (decode) forward: y[M, N] = x[M, K] @ W^T for M <= 16, W packed [N, K].
+
+At decode sizes the work is streaming the packed weight once, so the kernel is shaped for memory
+parallelism: small programs (one warp each, ~8-12 per SM) each decode [BN, BK] weight tiles with the
+shared decoders and the reduction over K is split across programs. Splits are combined
+deterministically: each split stores an fp32 partial and the last program of an output tile (an atomic
+ticket) sums the partials in split order, so results are bitwise reproducible run to run.
+
+Two ways to multiply the decoded tile (GemvConfig.dot):
+
+- DOT (the default): tl.dot of the tile with the activations (M padded to 16, or for M = 1 one row
+  broadcast). For int4 the words are decoded by the packed-bf16 decoder into the mma operand registers
+  directly, in a permuted K order that both operands share (see _k_permute), so the tile never goes
+  through shared memory; the next tile's words are prefetched one iteration ahead.
+- FMA: y[m, n] += sum_k w[n, k] x[m, k] on the CUDA cores, one activation row at a time. Within ~10% of
+  DOT at M = 1 and slower above (its FMA count grows with M); kept for measurements (bench/gemv_sweep.py).
+
+Either way each weight is the value the tl.dot kernels multiply (the same decoders, rounded to the
+activation dtype) and products are accumulated in fp32, so this is the same function as
+`gemm._dense_kernel`'s up to the order of the fp32 summation.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .configs import GemvConfig, gemv_splits
+from .dequant import (
+    _expand_groups,
+    _int4_words_to_bf16,
+    _int4_words_to_f32,
+    _load_words,
+    _nibbles_to_tile,
+    dequant_tile,
+    load_scales,
+)
+from .formats import PackedWeight
+
+
+@triton.jit
+def _fma_rows(w, x_ptr, m0, M, stride_xm, cols, c_ok, acc, BM: tl.constexpr):
+    """acc[BN, BM] + w[BN, BK] @ x[m0:m0+BM, cols]^T, one activation row at a time on the FMA units."""
+    for i in tl.static_range(BM):
+        row = m0 + i + 0 * cols  # as a tensor: the interpreter takes no scalar & tensor masks
+        xm = tl.load(x_ptr + row * stride_xm + cols, mask=c_ok & (row < M), other=0.0)
+        part = tl.sum(w * xm.to(tl.float32)[None, :], axis=1)  # [BN]
+        acc = tl.where(tl.arange(0, BM)[None, :] == i, acc + part[:, None], acc)
+    return acc
+
+
+# The tensor-core path multiplies a K-permuted tile: a dot product may visit K in any order as long as
+# weights and activations agree, and the order below is the one in which each thread's decoded registers
+# already are the mma operand (with 4 threads along K per row, as a 16-word-wide tile is loaded, thread t
+# holds words 4t..4t+3 of a row, i.e. values 32t + 8w + j for w, j < 4 (BK = 128)); the decoder pairs
+# nibbles j and j + 4 in one register, and Triton's bf16 mma operand holds 4 consecutive K per thread.
+# Within a tile, actual index 32t + 8w + 4p + 2j1 + j0 (general BK: (BK/4)t + 8w + ...) goes to logical
+# index 16(2w + j1) + 4t + 2j0 + p.
+@triton.jit
+def _k_permute(t, ROWS: tl.constexpr, BK: tl.constexpr):
+    """[ROWS, BK] in natural K order -> the same values in the dot's K order (see above)."""
+    t6 = tl.reshape(t, (ROWS, 4, BK // 32, 2, 2, 2))  # [r, t, w, p, j1, j0]
+    return tl.reshape(tl.permute(t6, (0, 2, 4, 1, 5, 3)), (ROWS, BK))  # [r, w, j1, t, j0, p]
+
+
+@triton.jit
+def _k_permute_nibbles(o0, o1, o2, o3, o4, o5, o6, o7, ROWS: tl.constexpr, BK: tl.constexpr):
+    """The eight decoded nibble planes [ROWS, BK // 8] (oj = nibble j of each word) -> [ROWS, BK] in the
+    dot's K order; equals _k_permute of the interleaved tile, but needs no register moves."""
+    W: tl.constexpr = BK // 32
+    p0 = tl.reshape(tl.join(o0, o4), (ROWS, 4, W, 2))  # [r, t, w, p] for j = 0
+    p1 = tl.reshape(tl.join(o1, o5), (ROWS, 4, W, 2))
+    p2 = tl.reshape(tl.join(o2, o6), (ROWS, 4, W, 2))
+    p3 = tl.reshape(tl.join(o3, o7), (ROWS, 4, W, 2))
+    q = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [r, t, w, p, j0, j1]
+    return tl.reshape(tl.permute(q, (0, 2, 5, 1, 4, 3)), (ROWS, BK))  # [r, w, j1, t, j0, p]
+
+
+@triton.jit
+def _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM: tl.constexpr, BK: tl.constexpr, ONE_ROW: tl.constexpr):
+    """Activations x[offs_m, k0:k0+BK] as [BM, BK] (0 outside rows < M and K < k_hi), or only row m0 as [BK]
+    when ONE_ROW."""
+    cols = k0 + tl.arange(0, BK)
+    if ONE_ROW:
+        x = tl.load(x_ptr + m0 * stride_xm + cols, mask=cols < k_hi, other=0.0)
+    else:
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + cols[None, :], mask=m_ok[:, None] & (cols < k_hi)[None, :],
+                    other=0.0)  # fmt: skip
+    return x
+
+
+@triton.jit
+def _dot_step(w, x, acc, BM: tl.constexpr, BK: tl.constexpr, ONE_ROW: tl.constexpr):
+    """acc[BN, BM] + w @ x^T for a K-permuted weight tile w and activations from _load_x."""
+    if ONE_ROW:  # M = 1: one activation row, broadcast to the dot's minimum width
+        x = tl.broadcast_to(_k_permute(x[None, :], 1, BK), (BM, BK))
+    else:
+        x = _k_permute(x, BM, BK)
+    if x.dtype == tl.float32:
+        acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w, tl.trans(x), acc)
+    return acc
+
+
+@triton.jit
+def _load_packed(
+    w_ptr,
+    s_ptr,
+    rows,
+    k0,
+    n_rows,
+    K,
+    n_groups,
+    stride_wn,
+    stride_sn,
+    FMT: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP: tl.constexpr,
+    K_EVEN: tl.constexpr,
+):
+    """int4 words [BN, BK // 8] and load_scales' scales of W[rows, k0:k0+BK]; rows >= n_rows read nothing."""
+    words = _load_words(w_ptr, rows, k0, n_rows, K // 8, stride_wn, BN, BK, 8, K_EVEN)
+    scales = load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, 1.0, FMT, BN, BK, GROUP, K_EVEN)
+    return words, scales
+
+
+@triton.jit
+def _generic_tile(
+    w_ptr,
+    s_ptr,
+    rows,
+    k0,
+    n_rows,
+    K,
+    n_groups,
+    stride_wn,
+    stride_sn,
+    gscale,
+    FMT: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP: tl.constexpr,
+    K_EVEN: tl.constexpr,
+    DTYPE: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """W[rows, k0:k0+BK] through the generic decoders, rounded to the activation dtype (the value the tl.dot
+    kernels multiply): in the dot's K order for DOT, else natural order in fp32; rows >= n_rows are 0."""
+    scales = load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, gscale, FMT, BN, BK, GROUP, K_EVEN)
+    w = dequant_tile(w_ptr, scales, rows, k0, n_rows, K, stride_wn, FMT, BN, BK, GROUP, K_EVEN, False).to(DTYPE)
+    if DOT:
+        w = _k_permute(w, BN, BK)
+    else:
+        w = w.to(tl.float32)
+    return w
+
+
+@triton.jit
+def _int4_tile_mma(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """bf16 [BN, BK] in the dot's K order from int4 words [BN, BK // 8] and load_scales' scales."""
+    if BK >= GROUP:  # one scale per word
+        word_scales = _expand_groups(scales, BN, BK // 8, GROUP // 8).to(tl.bfloat16)
+    else:
+        word_scales = tl.broadcast_to(scales, (BN, BK // 8)).to(tl.bfloat16)
+    o0, o1, o2, o3, o4, o5, o6, o7 = _int4_words_to_bf16(words, word_scales)
+    return _k_permute_nibbles(o0, o1, o2, o3, o4, o5, o6, o7, BN, BK)
+
+
+@triton.jit
+def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """fp32 [BN, BK] in K order (values rounded to bf16) from int4 words and load_scales' scales."""
+    if BK >= GROUP:
+        word_scales = _expand_groups(scales, BN, BK // 8, GROUP // 8).to(tl.bfloat16)
+    else:
+        word_scales = tl.broadcast_to(scales, (BN, BK // 8)).to(tl.bfloat16)
+    o0, o1, o2, o3, o4, o5, o6, o7 = _int4_words_to_f32(words, word_scales)
+    return _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, BN, BK)
+
+
+# M and the split count are never specialized, so one binary serves every decode batch size. Nor is the
+# scale row stride: unproven alignment makes the compiler load one scale per thread (2 bytes, not a
+# 16-byte vector of 8 groups), which is the register layout the decoder wants: thread (row, group) owns
+# the words of its group, so no scale is exchanged between threads before the decode.
+@triton.jit(do_not_specialize=["M", "n_splits", "stride_sn"])
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
+                 M, N, K, n_groups, k_per_split, n_splits,
+                 stride_xm, stride_wn, stride_sn, stride_om,
+                 FMT: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, DOT: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr,
+                 SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr):  # fmt: skip
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = pid_n * BN + tl.arange(0, BN)
+    m0 = pid_m.to(tl.int64) * BM
+    offs_m = m0 + tl.arange(0, BM)
+    m_ok = offs_m < M
+    k_lo = tl.multiple_of(split * k_per_split, BK)
+    k_hi = min(k_lo + k_per_split, K)
+    if FMT == 3:
+        gscale = tl.load(gs_ptr)
+    else:
+        gscale = 1.0
+    acc = tl.zeros((BN, BM), dtype=tl.float32)  # out^T tile: weight rows first, as the dot's A operand
+    # With TWO a DOT iteration covers two BK tiles, loaded together: at BK = 128 each weight row is then
+    # read in 128-byte pieces (whole cache lines, not halves) while the decode keeps its BK = 128 tiles.
+    STEP: tl.constexpr = 2 * BK if TWO else BK
+    if FAST_INT4 and PREFETCH:
+        # The next iteration's words and scales (and activations) are loaded one iteration ahead, so a
+        # program always has loads in flight while it decodes and multiplies. A row bound of 0 masks a
+        # load past the program's last tile (no memory traffic).
+        wa_next, sa_next = _load_packed(w_ptr, s_ptr, rows, k_lo, tl.where(k_lo < k_hi, N, 0), K, n_groups,
+                                        stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+        if TWO:
+            wb_next, sb_next = _load_packed(w_ptr, s_ptr, rows, k_lo + BK, tl.where(k_lo + BK < k_hi, N, 0), K,
+                                            n_groups, stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+    if DOT and PREFETCH:
+        xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo, k_hi, BM, BK, ONE_ROW)
+        if TWO:
+            xb_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo + BK, k_hi, BM, BK, ONE_ROW)
+    for k0 in range(k_lo, k_hi, STEP):
+        if FAST_INT4:
+            if PREFETCH:
+                wa, sa = wa_next, sa_next
+                nxt = k0 + STEP
+                wa_next, sa_next = _load_packed(w_ptr, s_ptr, rows, nxt, tl.where(nxt < k_hi, N, 0), K, n_groups,
+                                                stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+                if TWO:
+                    wb, sb = wb_next, sb_next
+                    n_b = tl.where(nxt + BK < k_hi, N, 0)
+                    wb_next, sb_next = _load_packed(w_ptr, s_ptr, rows, nxt + BK, n_b, K, n_groups,
+                                                    stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+            else:
+                wa, sa = _load_packed(w_ptr, s_ptr, rows, k0, N, K, n_groups, stride_wn, stride_sn,
+                                      FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+                if TWO:
+                    wb, sb = _load_packed(w_ptr, s_ptr, rows, k0 + BK, tl.where(k0 + BK < k_hi, N, 0), K, n_groups,
+                                          stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+            if DOT:
+                w = _int4_tile_mma(wa, sa, BN, BK, GROUP)
+                if TWO:
+                    w2 = _int4_tile_mma(wb, sb, BN, BK, GROUP)
+            else:
+                w = _int4_tile_f32(wa, sa, BN, BK, GROUP)
+        else:
+            w = _generic_tile(w_ptr, s_ptr, rows, k0, N, K, n_groups, stride_wn, stride_sn, gscale,
+                              FMT, BN, BK, GROUP, K_EVEN, x_ptr.dtype.element_ty, DOT)  # fmt: skip
+            if TWO:
+                w2 = _generic_tile(w_ptr, s_ptr, rows, k0 + BK, tl.where(k0 + BK < k_hi, N, 0), K, n_groups,
+                                   stride_wn, stride_sn, gscale, FMT, BN, BK, GROUP, K_EVEN,
+                                   x_ptr.dtype.element_ty, DOT)  # fmt: skip
+        if DOT:
+            if PREFETCH:  # activations one iteration ahead too (their L2 latency would stall the dot)
+                xa = xa_next
+                xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + STEP, k_hi, BM, BK, ONE_ROW)
+                if TWO:
+                    xb = xb_next
+                    xb_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + STEP + BK, k_hi, BM, BK, ONE_ROW)
+            else:
+                xa = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM, BK, ONE_ROW)
+                if TWO:
+                    xb = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + BK, k_hi, BM, BK, ONE_ROW)
+            acc = _dot_step(w, xa, acc, BM, BK, ONE_ROW)
+            if TWO:
+                acc = _dot_step(w2, xb, acc, BM, BK, ONE_ROW)
+        else:
+            cols = k0 + tl.arange(0, BK)
+            acc = _fma_rows(w, x_ptr, m0, M, stride_xm, cols, cols < K, acc, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    mask = (offs_n[:, None] < N) & m_ok[None, :]
+    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    if not SPLIT:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
+        # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
+        part_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+        tl.store(part_ptrs + split.to(tl.int64) * M * N, acc, mask=mask)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if ticket == n_splits - 1:
+            total = tl.zeros((BN, BM), dtype=tl.float32)
+            for _ in range(n_splits):  # fixed order: the sum does not depend on arrival order
+                total += tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                part_ptrs += M * N
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
+
+
+def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool) -> Tensor:
+    """out[M, N] = x[M, K] @ W^T with the small-M kernel. x: [M, K] with unit stride along K; out: [M, N]
+    contiguous; tickets(n) returns a zeroed int32 ticket buffer of at least n entries (gemm._tickets);
+    fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only)."""
+    m, k = x.shape
+    n = w.n
+    n_tiles = triton.cdiv(n, cfg.block_n)
+    m_tiles = triton.cdiv(m, cfg.block_m)
+    step = cfg.block_k * (2 if cfg.dot and cfg.two_tiles else 1)
+    k_per_split = gemv_splits(cfg, n_tiles * m_tiles, k, x.device, step) * step
+    split = triton.cdiv(k, k_per_split)
+    if split > 1:
+        ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+        cnt = tickets(n_tiles * m_tiles)
+    else:
+        ws = cnt = out  # unused without a split
+    gs = w.global_scale if w.global_scale is not None else w.scale
+    _gemv_kernel[(n_tiles, split, m_tiles)](
+        x, w.values, w.scale, gs, out, ws, cnt,
+        m, n, k, w.scale.shape[-1], k_per_split, split,
+        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0),
+        FMT=w.fmt.code, GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, DOT=cfg.dot,
+        K_EVEN=k % cfg.block_k == 0, FAST_INT4=fast_int4, SPLIT=split > 1, PREFETCH=cfg.prefetch,
+        ONE_ROW=m == 1, TWO=cfg.dot and cfg.two_tiles,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+    )  # fmt: skip
+    return out
