@@ -87,6 +87,7 @@ def test_moe_graph_decode_equals_eager(preset):
     params = [
         SamplingParams(n=3, temperature=1.0, max_new_tokens=30, seed=5, ignore_eos=True),
         SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True),
+        SamplingParams(n=2, temperature=0.8, top_p=0.9, max_new_tokens=25, seed=6, ignore_eos=True),
     ]
     eager = RolloutEngine(model, kv_budget_bytes=1 << 24, block_size=4, cuda_graphs=False)
     graphed = RolloutEngine(model, kv_budget_bytes=1 << 24, block_size=4)
