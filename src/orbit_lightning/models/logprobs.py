@@ -23,6 +23,14 @@ def _chunk_logprobs(h: Tensor, lm_head: nn.Module, targets: Tensor, with_entropy
     return lp, lse - (p * logits).sum(-1)
 
 
+def _chunk_logprobs_in_mode(h: Tensor, lm_head: nn.Module, targets: Tensor, with_entropy: bool,
+                            invariant_on: bool) -> tuple[Tensor, Tensor]:
+    # The recomputation in backward runs outside the caller's batch-invariant mode (autograd does not carry
+    # it), so the chunk re-enters it: recomputed tensors must match the forward's.
+    with invariant.invariant_mode(invariant_on):
+        return _chunk_logprobs(h, lm_head, targets, with_entropy)
+
+
 def logprobs_from_hidden(
     hidden: Tensor,  # [B, T, D] final normed hidden states
     lm_head: nn.Module,
@@ -37,7 +45,8 @@ def logprobs_from_hidden(
     for s in range(0, h.shape[0], chunk_rows):
         hc, yc = h[s : s + chunk_rows], y[s : s + chunk_rows]
         if torch.is_grad_enabled() and hc.requires_grad:
-            lp, ent = checkpoint(_chunk_logprobs, hc, lm_head, yc, with_entropy, use_reentrant=False)
+            lp, ent = checkpoint(_chunk_logprobs_in_mode, hc, lm_head, yc, with_entropy, invariant.active(),
+                                 use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs(hc, lm_head, yc, with_entropy)
         lps.append(lp)
