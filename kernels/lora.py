@@ -1,10 +1,11 @@
-"""Fused LoRA for decode-sized batches: out = y + scale * (x @ A^T) @ B^T in one launch.
+"""Fused LoRA for decode-sized batches: out = y + scale * (x @ A^T) @ B^T in two launches.
 
 Unfused, a LoRA layer at decode costs five tiny launches (two GEMMs, one of them split-K with its
-reduce, the scale, the add), ~10 us of a GPU that streams the whole base layer in a few us. Here each
-program recomputes the rank-r projection t = x A^T for its rows (A is r x K, a few hundred KB read from
-L2 by every program) and applies its N-tile of B on top of y. t is rounded to the adapter dtype before the
-second product, like the two chained F.linear calls it replaces.
+reduce, the scale, the add). Here the first launch computes the rank-r projection t = x A^T split over K
+(one K slice per program, fp32 partials), and the second sums the partials in slice order (deterministic),
+rounds t to the adapter dtype like the F.linear it replaces, applies its N tile of B and adds onto y.
+(One launch that recomputed t in every N program was measured at 17 us per layer on the H200: a long
+sequential K loop per program.)
 """
 
 from __future__ import annotations
@@ -14,27 +15,39 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-_BM, _BN, _BK = 16, 64, 128
-MAX_ROWS = 64  # beyond this the redundant x A^T per program costs more than the launches it saves
+_BM, _BN, _BK = 16, 64, 256
+MAX_ROWS = 64  # decode batches; larger ones keep torch's GEMMs
 
 
 @triton.jit(do_not_specialize=["M"])
-def _lora_kernel(x_ptr, a_ptr, b_ptr, y_ptr, out_ptr, M, N, K, R, scale,
-                 stride_xm, stride_am, stride_bn, stride_ym, stride_om,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr):
+def _lora_down_kernel(x_ptr, a_ptr, ws_ptr, M, K, R, stride_xm, stride_am,
+                      BM: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr):
+    """Partial t_s = x[:, K-slice s] @ A[:, K-slice s]^T, fp32 [BM, BR], into ws[s] (one K slice per program)."""
+    s = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    ranks = tl.arange(0, BR)
+    ks = s * BK + tl.arange(0, BK)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K),
+                other=0.0)
+    a = tl.load(a_ptr + ranks[:, None] * stride_am + ks[None, :], mask=(ranks[:, None] < R) & (ks[None, :] < K),
+                other=0.0)
+    t = tl.dot(x.to(a.dtype), tl.trans(a))
+    tl.store(ws_ptr + (s * M + rows[:, None]) * BR + ranks[None, :], t, mask=rows[:, None] < M)
+
+
+@triton.jit(do_not_specialize=["M", "S"])
+def _lora_up_kernel(ws_ptr, b_ptr, y_ptr, out_ptr, M, N, R, S, scale, stride_bn, stride_ym, stride_om,
+                    BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
+    """out = y + scale * round(sum_s ws[s]) @ B^T for one (row tile, N tile); partials summed in slice order."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
     ranks = tl.arange(0, BR)
     cols = pid_n * BN + tl.arange(0, BN)
     t = tl.zeros((BM, BR), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        ks = k0 + tl.arange(0, BK)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K),
-                    other=0.0)
-        a = tl.load(a_ptr + ranks[:, None] * stride_am + ks[None, :], mask=(ranks[:, None] < R) & (ks[None, :] < K),
-                    other=0.0)
-        t = tl.dot(x.to(a.dtype), tl.trans(a), t)
+    for s in range(0, S):
+        t += tl.load(ws_ptr + (s * M + rows[:, None]) * BR + ranks[None, :], mask=rows[:, None] < M, other=0.0)
     b = tl.load(b_ptr + cols[:, None] * stride_bn + ranks[None, :], mask=(cols[:, None] < N) & (ranks[None, :] < R),
                 other=0.0)
     delta = tl.dot(t.to(b.dtype), tl.trans(b))  # [BM, BN] fp32
@@ -62,8 +75,12 @@ def lora_add(y: Tensor, x: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor
     a, b = a.contiguous(), b.contiguous()
     out = torch.empty_like(y2)
     if m:
-        grid = (triton.cdiv(n, _BN), triton.cdiv(m, _BM))
-        _lora_kernel[grid](x2, a, b, y2, out, m, n, k, r, scale, x2.stride(0), a.stride(0), b.stride(0),
-                           y2.stride(0), out.stride(0), BM=_BM, BN=_BN, BK=_BK, BR=max(16, triton.next_power_of_2(r)),
-                           num_warps=4, num_stages=3)
+        br = max(16, triton.next_power_of_2(r))
+        slices, row_tiles = triton.cdiv(k, _BK), triton.cdiv(m, _BM)
+        ws = torch.empty((slices, m, br), dtype=torch.float32, device=x.device)
+        _lora_down_kernel[(slices, row_tiles)](x2, a, ws, m, k, r, x2.stride(0), a.stride(0), BM=_BM, BK=_BK, BR=br,
+                                               num_warps=4)
+        _lora_up_kernel[(triton.cdiv(n, _BN), row_tiles)](ws, b, y2, out, m, n, r, slices, scale, b.stride(0),
+                                                          y2.stride(0), out.stride(0), BM=_BM, BN=_BN, BR=br,
+                                                          num_warps=4)
     return out.view(y.shape)

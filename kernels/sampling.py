@@ -15,33 +15,30 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-_BLOCK = 1024
+_CHUNK = 2048  # vocabulary entries per program: a 152k vocabulary spreads over ~75 programs per row
 _GOLDEN = tl.constexpr(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: spreads steps over the key space
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, step_ptr, out_ptr, BLOCK: tl.constexpr):
+def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, step_ptr, best_ptr, idx_ptr, n_chunks,
+                   CHUNK: tl.constexpr):
+    """The best (score, index) of one row's vocabulary chunk; ties keep the lowest index."""
     row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
     key = tl.load(seed_ptr + row) ^ (tl.load(step_ptr + row) * _GOLDEN)
     greedy = temp <= 0.0
     inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, temp))
-    best = tl.full((BLOCK,), float("-inf"), tl.float32)
-    best_idx = tl.full((BLOCK,), 2147483647, tl.int32)
-    for v0 in range(0, V, BLOCK):
-        cols = v0 + tl.arange(0, BLOCK)
-        ok = cols < V
-        x = tl.load(logits_ptr + row * stride + cols, mask=ok, other=float("-inf")).to(tl.float32)
-        u = tl.rand(key, cols)  # [0, 1): u = 0 gives E = inf, a score of -inf, never chosen
-        noise = tl.where(greedy, 0.0, tl.log(-tl.log(u)))
-        score = tl.where(ok, x * inv_t - noise, float("-inf"))
-        take = score > best  # strict: the earlier (lower) index keeps a tie within a lane
-        best = tl.where(take, score, best)
-        best_idx = tl.where(take, cols, best_idx)
-    top = tl.max(best, axis=0)
-    # Lowest index among the lanes holding the maximum; a row of all -inf falls back to index 0.
-    winner = tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
-    tl.store(out_ptr + row, tl.where(winner == 2147483647, 0, winner).to(tl.int64))
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    ok = cols < V
+    x = tl.load(logits_ptr + row * stride + cols, mask=ok, other=float("-inf")).to(tl.float32)
+    u = tl.rand(key, cols)  # [0, 1): u = 0 gives E = inf, a score of -inf, never chosen
+    noise = tl.where(greedy, 0.0, tl.log(-tl.log(u)))
+    score = tl.where(ok, x * inv_t - noise, float("-inf"))
+    top = tl.max(score, axis=0)
+    first = tl.min(tl.where(score == top, cols, 2147483647), axis=0)
+    tl.store(best_ptr + row * n_chunks + chunk, top)
+    tl.store(idx_ptr + row * n_chunks + chunk, first)
 
 
 def sample(logits: Tensor, temperature: Tensor, seeds: Tensor, steps: Tensor) -> Tensor:
@@ -54,8 +51,15 @@ def sample(logits: Tensor, temperature: Tensor, seeds: Tensor, steps: Tensor) ->
             raise ValueError(f"{name} must be a [{b}] tensor on {dev}, got {tuple(t.shape)} on {t.device}")
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    out = torch.empty(b, dtype=torch.int64, device=dev)
-    if b:
-        _sample_kernel[(b,)](logits, logits.stride(0), v, temperature.float(), seeds.long(), steps.long(), out,
-                             BLOCK=min(_BLOCK, triton.next_power_of_2(v)), num_warps=4)
-    return out
+    if b == 0:
+        return torch.empty(0, dtype=torch.int64, device=dev)
+    chunk = min(_CHUNK, triton.next_power_of_2(v))
+    n_chunks = triton.cdiv(v, chunk)
+    best = torch.empty((b, n_chunks), dtype=torch.float32, device=dev)
+    idx = torch.empty((b, n_chunks), dtype=torch.int32, device=dev)
+    _sample_kernel[(b, n_chunks)](logits, logits.stride(0), v, temperature.float(), seeds.long(), steps.long(), best,
+                                  idx, n_chunks, CHUNK=chunk, num_warps=4)
+    # Chunks are in index order and argmax keeps the first maximum, so ties still go to the lowest index. A row
+    # of all -inf picks chunk 0's first entry, index 0.
+    won = best.argmax(dim=-1, keepdim=True)
+    return idx.gather(1, won)[:, 0].long().clamp_(max=v - 1)

@@ -34,6 +34,10 @@ def test_greedy_rows_take_the_first_argmax(device):
     tok = kernels.sample(logits, torch.zeros(2, device=device), torch.zeros(2, dtype=torch.long, device=device),
                          torch.zeros(2, dtype=torch.long, device=device))
     assert tok.tolist() == [1, 0]
+    wide = torch.zeros(1, 5000, device=device)
+    wide[0, [4100, 2500, 100]] = 7.0  # ties across vocabulary chunks: the lowest index wins
+    zeros = torch.zeros(1, dtype=torch.long, device=device)
+    assert kernels.sample(wide, torch.zeros(1, device=device), zeros, zeros).item() == 100
 
 
 @pytest.mark.parametrize("device", DEVICES)
