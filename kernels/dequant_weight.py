@@ -30,6 +30,25 @@ INT4_STORE_CACHE = ""  # cache modifier of the bf16 stores ("" = default, ".cs" 
 
 
 @triton.jit
+def _tile_origin(ids_ptr, BN: tl.constexpr, BK: tl.constexpr, HAS_IDS: tl.constexpr):
+    """(output slot, expert, weight rows, first K column) of this program's tile."""
+    slot = tl.program_id(2)
+    if HAS_IDS:
+        e = tl.load(ids_ptr + slot).to(tl.int64)
+    else:
+        e = slot.to(tl.int64)
+    return slot, e, tl.program_id(0) * BN + tl.arange(0, BN), tl.program_id(1) * BK
+
+
+@triton.jit
+def _out_tile(out_ptr, slot, rows, k0, N, K, stride_oe, stride_on, BK: tl.constexpr):
+    """Pointers and mask of the output tile out[slot, rows, k0:k0+BK]."""
+    cols = k0 + tl.arange(0, BK)
+    mask = (rows[:, None] < N) & (cols[None, :] < K)
+    return out_ptr + slot.to(tl.int64) * stride_oe + rows[:, None] * stride_on + cols[None, :], mask
+
+
+@triton.jit
 def _dequant_kernel(
     w_ptr,
     s_ptr,
@@ -53,24 +72,14 @@ def _dequant_kernel(
     FAST_INT4: tl.constexpr,
     HAS_IDS: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    slot = tl.program_id(2)
-    if HAS_IDS:
-        e = tl.load(ids_ptr + slot).to(tl.int64)
-    else:
-        e = slot.to(tl.int64)
-    rows = pid_n * BN + tl.arange(0, BN)
-    k0 = pid_k * BK
+    slot, e, rows, k0 = _tile_origin(ids_ptr, BN, BK, HAS_IDS)
     if FMT == 3:
         gscale = tl.load(gs_ptr + e)
     else:
         gscale = 1.0
     scales = load_scales(s_ptr + e * stride_se, rows, k0, N, n_groups, stride_sn, gscale, FMT, BN, BK, GROUP, K_EVEN)
     w = dequant_tile(w_ptr + e * stride_we, scales, rows, k0, N, K, stride_wn, FMT, BN, BK, GROUP, K_EVEN, FAST_INT4)
-    cols = k0 + tl.arange(0, BK)
-    mask = (rows[:, None] < N) & (cols[None, :] < K)
-    ptrs = out_ptr + slot.to(tl.int64) * stride_oe + rows[:, None] * stride_on + cols[None, :]
+    ptrs, mask = _out_tile(out_ptr, slot, rows, k0, N, K, stride_oe, stride_on, BK)
     tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -102,21 +111,11 @@ def _dequant_int4_kernel(
     HAS_IDS: tl.constexpr,
     STORE_CACHE: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    slot = tl.program_id(2)
-    if HAS_IDS:
-        e = tl.load(ids_ptr + slot).to(tl.int64)
-    else:
-        e = slot.to(tl.int64)
-    rows = pid_n * BN + tl.arange(0, BN)
-    k0 = pid_k * BK
+    slot, e, rows, k0 = _tile_origin(ids_ptr, BN, BK, HAS_IDS)
     words = _load_words(w_ptr + e * stride_we, rows, k0, N, K // 8, stride_wn, BN, BK, 8, K_EVEN)
     word_scales = load_word_scales(s_ptr + e * stride_se, rows, k0, N, n_groups, stride_sn, BN, BK, GROUP, K_EVEN)
     w = _int4_to_bf16(words, word_scales, BN, BK)
-    cols = k0 + tl.arange(0, BK)
-    mask = (rows[:, None] < N) & (cols[None, :] < K)
-    ptrs = out_ptr + slot.to(tl.int64) * stride_oe + rows[:, None] * stride_on + cols[None, :]
+    ptrs, mask = _out_tile(out_ptr, slot, rows, k0, N, K, stride_oe, stride_on, BK)
     tl.store(ptrs, w, mask=mask, cache_modifier=STORE_CACHE)
 
 

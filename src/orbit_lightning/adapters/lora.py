@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from ..models import invariant
 from ..models.moe import Experts, dispatch_experts
 from ..quant.grouped import ExpertGroups, grouped_mm
+from ..triton_kernels import kernels_module, kernels_run_on
 from .slots import AdapterLayer, AdapterState
 
 
@@ -54,9 +55,7 @@ class LoraLinear(AdapterLayer):
             return y
         a, b = t["lora_A"], t["lora_B"]
         if _fused_decode(x, a, self.dropout):
-            from orbit_lightning import kernels
-
-            return kernels.lora_add(y, x, a, b, self.scaling)
+            return kernels_module().lora_add(y, x, a, b, self.scaling)
         delta = F.linear(F.linear(self.dropout(x).to(a.dtype), a), b)
         return y + (delta * self.scaling).to(y.dtype)
 
@@ -68,11 +67,7 @@ def _fused_decode(x: Tensor, a: Tensor, dropout: nn.Module) -> bool:
         return False
     if x.numel() > 64 * x.shape[-1] or invariant.active():
         return False
-    try:
-        from orbit_lightning import kernels
-    except ImportError:
-        return False
-    return kernels.kernels_available(x.device)
+    return kernels_run_on(x.device)
 
 
 class LoraExperts(AdapterLayer):

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..triton_kernels import kernels_module
 from . import invariant
 
 
@@ -53,8 +54,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: fl
     each row, i.e. its left padding) instead, counting key blocks from there."""
     if not invariant.use_kernels(q):
         return masked_attention(q, k, v, allowed, scale)
-    from orbit_lightning import kernels
-
+    kernels = kernels_module()
     return invariant.with_reference_grad(
         lambda q_, k_, v_: kernels.attention(q_, k_, v_, scale, kv_start=kv_start),
         lambda q_, k_, v_: masked_attention(q_, k_, v_, allowed, scale), q, k, v)

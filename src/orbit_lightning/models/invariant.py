@@ -26,29 +26,18 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-
-def _kernels():
-    try:
-        from orbit_lightning import kernels
-    except ImportError:  # no Triton: there is no invariant mode to be in
-        return None
-    return kernels
+from ..triton_kernels import kernels_module, kernels_run_on
 
 
 def active() -> bool:
-    """True inside `invariant_mode()` (or with the kernels' global switch on)."""
-    k = _kernels()
+    """True inside `invariant_mode()` (or with the kernels' global switch on); never without Triton."""
+    k = kernels_module()
     return k is not None and k.is_batch_invariant()
-
-
-def _runs_here(x: Tensor) -> bool:
-    k = _kernels()
-    return k is not None and k.kernels_available(x.device)
 
 
 def use_kernels(x: Tensor) -> bool:
     """Whether an op on `x` takes the invariant kernels: in the mode, where they can run."""
-    return active() and _runs_here(x)
+    return active() and kernels_run_on(x.device)
 
 
 class _RecomputeBackward(torch.autograd.Function):
@@ -90,7 +79,7 @@ def _linear_reference(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight^T (+ bias) by the invariant kernel; gradients as F.linear's."""
-    k = _kernels()
+    k = kernels_module()
 
     def fast(x_, w_, *b_):
         y = k.linear(x_, w_)
@@ -109,7 +98,7 @@ class _InvariantLinear(TorchFunctionMode):
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             if (w.dim() == 2 and x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-                    and _runs_here(x) and w.device == x.device):
+                    and kernels_run_on(x.device) and w.device == x.device):
                 return linear(x, w, b)
         return func(*args, **kwargs)
 
@@ -121,7 +110,7 @@ def invariant_mode(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    k = _kernels()
+    k = kernels_module()
     if k is None:
         raise RuntimeError("batch-invariant mode needs orbit_lightning.kernels (Triton), which cannot be imported")
     with k.batch_invariant(True), _InvariantLinear():
@@ -131,9 +120,9 @@ def invariant_mode(enabled: bool = True) -> Iterator[None]:
 def rms_norm(x: Tensor, weight: Tensor, eps: float, reference: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
     """RMSNorm by the one-row-per-program kernel on CUDA (and in the mode wherever the kernels run), else
     `reference(x, weight)`."""
-    if not (x.is_cuda and _runs_here(x)) and not use_kernels(x):
+    if not (x.is_cuda and kernels_run_on(x.device)) and not use_kernels(x):
         return reference(x, weight)
-    k = _kernels()
+    k = kernels_module()
     return with_reference_grad(lambda x_, w_: k.rms_norm(x_, w_, eps), reference, x, weight)
 
 
@@ -141,7 +130,7 @@ def logsumexp(x: Tensor) -> Tensor:
     """logsumexp over the last dim, fp32."""
     if not use_kernels(x):
         return x.float().logsumexp(-1)
-    return with_reference_grad(_kernels().logsumexp, lambda t: t.float().logsumexp(-1), x)
+    return with_reference_grad(kernels_module().logsumexp, lambda t: t.float().logsumexp(-1), x)
 
 
 def sum_last(x: Tensor, keepdim: bool = False) -> Tensor:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..quant.grouped import ExpertGroups, grouped_mm, torch_grouped_mm_blocker
+from ..triton_kernels import kernels_run_on
 from . import invariant
 from .config import ModelConfig
 from .layers import MLP
@@ -90,10 +91,7 @@ class Experts(nn.Module):
         """Why `linear` cannot take device groups on `device` (None: it can); `invariant`: and stay batch-invariant
         without reading group sizes on the host (what a CUDA graph of batch-invariant decode needs)."""
         if invariant:  # the kernels' plain grouped GEMM takes device offsets
-            from .invariant import _kernels
-
-            k = _kernels()
-            return None if k is not None and k.kernels_available(device) else "the Triton kernels cannot run here"
+            return None if kernels_run_on(device) else f"the Triton kernels cannot run on {device}"
         return torch_grouped_mm_blocker(self.gate_proj.dtype, tuple(self.gate_proj.shape[1:]), device)
 
     def chunk_size(self, rows: int, device: torch.device) -> int | None:

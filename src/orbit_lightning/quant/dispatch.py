@@ -14,23 +14,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..triton_kernels import kernels_module
 from .grouped import ExpertGroups, grouped_mm
 
 FUSED_MAX_ROWS = 64
 
 
-def _kernels():
-    try:
-        from orbit_lightning import kernels
-    except ImportError:  # triton missing (e.g. macOS): the reference path serves
-        return None
-    return kernels
-
-
 def _cuda_kernels(x: Tensor, fmt):
     """The kernels when they take x: on CUDA, or wherever they run (Triton's interpreter on the CPU) in
     batch-invariant mode, which must not fall back to a matmul that picks its reduction order by shape."""
-    k = _kernels()
+    k = kernels_module()
     if k is None or not k.kernels_available(x.device) or not k.supports(fmt):
         return None
     return k if x.is_cuda or k.is_batch_invariant() else None
@@ -42,7 +35,7 @@ def _fused(k, rows: int) -> bool:
 
 def fused_grouped_blocker(fmt, device: torch.device) -> str | None:
     """Why the fused grouped kernel cannot run experts packed in `fmt` on `device` (None: it can)."""
-    k = _kernels()
+    k = kernels_module()
     if k is not None and not k.supports(fmt):
         return f"the Triton kernels do not read format {fmt.name}"
     if device.type != "cuda":
@@ -59,7 +52,7 @@ def fused_grouped(fmt, rows: int, num_experts: int, device: torch.device) -> boo
     It wins while experts see few rows each (decode: <= FUSED_MAX_ROWS per expert on average over all
     `num_experts`, known without reading the routing), is the batch-invariant path, and is taken under CUDA-graph
     capture, which the chunked path (host-read sizes) cannot enter. Large batches: chunked dequant + grouped GEMM."""
-    k = _kernels()
+    k = kernels_module()
     if fused_grouped_blocker(fmt, device) is not None:  # batch-invariant mode: wherever the kernels run (CPU too)
         return k is not None and k.is_batch_invariant() and k.supports(fmt) and k.kernels_available(device)
     capturing = torch.cuda.is_current_stream_capturing()
@@ -102,7 +95,7 @@ def _grouped_kernels(x: Tensor, groups: ExpertGroups, fmt):
     """The kernels, for device groups they can run (CUDA; on the CPU only under Triton's interpreter)."""
     if not groups.on_device:
         return None
-    k = _kernels()
+    k = kernels_module()
     return k if k is not None and k.kernels_available(x.device) and k.supports(fmt) else None
 
 

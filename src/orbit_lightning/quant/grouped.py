@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..triton_kernels import kernels_module
+
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 PER_ROW_MAX_ELEMENTS = 1 << 25  # per-row weights gathered at most (e.g. decode rows x LoRA r x K)
 
@@ -115,9 +117,9 @@ def _per_row_ok(x: Tensor, w: Tensor) -> bool:
 
 def _invariant_grouped(x: Tensor, w: Tensor, groups: ExpertGroups) -> Tensor:
     """The fixed-tile grouped kernel on the groups' offsets (no sync); backward through per-group matmuls."""
-    from orbit_lightning import kernels
-
     from ..models import invariant
+
+    kernels = kernels_module()
 
     def reference(x_: Tensor, w_: Tensor) -> Tensor:  # matmul, not F.linear, which the mode would re-route
         sizes = groups.host_sizes()

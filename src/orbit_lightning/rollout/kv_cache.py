@@ -23,18 +23,11 @@ from torch import Tensor
 from ..models import invariant
 from ..models.cache import causal_attention, causal_mask, masked_attention
 from ..models.config import ModelConfig
+from ..triton_kernels import kernels_module, kernels_run_on
 
 # Decode on CUDA reads keys/values through the block table in the attention kernel (no gather copy). False:
 # gather the blocks, then SDPA (the CPU path; kept on CUDA for A/B benchmarks).
 PAGED_KERNEL = True
-
-
-def _kernels_run_on(q: Tensor) -> bool:
-    try:
-        from orbit_lightning import kernels
-    except ImportError:
-        return False
-    return kernels.kernels_available(q.device)
 
 
 @dataclass(frozen=True)
@@ -127,11 +120,9 @@ class PagedAttention:
                          v.transpose(1, 2).reshape(b * t, h, -1))
         if self.block_tables is None:
             return causal_attention(q, k, v, self.allowed, scale)  # right padding only: no kv_start
-        if t == 1 and (invariant.use_kernels(q) or (q.is_cuda and PAGED_KERNEL and _kernels_run_on(q))):
-            from orbit_lightning import kernels
-
-            return kernels.paged_attention(q, self.cache.k[layer_idx], self.cache.v[layer_idx], self.block_tables,
-                                           self.context_lens, scale)
+        if t == 1 and (invariant.use_kernels(q) or (q.is_cuda and PAGED_KERNEL and kernels_run_on(q.device))):
+            return kernels_module().paged_attention(q, self.cache.k[layer_idx], self.cache.v[layer_idx],
+                                                    self.block_tables, self.context_lens, scale)
         kc, vc = self.cache.gather(layer_idx, self.block_tables)
         kc, vc = kc.to(q.dtype), vc.to(q.dtype)
         if t > 1 or q.shape[1] == h:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.logprobs import logprobs_from_hidden
+from ..triton_kernels import kernels_module, kernels_run_on
 
 _MASK64 = (1 << 64) - 1
 
@@ -93,13 +94,7 @@ def sample_tokens(
 
 
 def _sampling_kernel(logits: Tensor):
-    if not logits.is_cuda:
-        return None
-    try:
-        from orbit_lightning import kernels
-    except ImportError:
-        return None
-    return kernels.sample if kernels.kernels_available(logits.device) else None
+    return kernels_module().sample if logits.is_cuda and kernels_run_on(logits.device) else None
 
 
 def _sample_on_device(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
