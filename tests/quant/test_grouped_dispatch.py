@@ -5,15 +5,15 @@ one token and top-k > 1. Plus the choice of path and the reasons it names."""
 import pytest
 import torch
 
-from orbit_lightning.quant import dispatch
 from orbit_lightning.quant.experts import QuantExperts
+from orbit_lightning.triton_kernels import kernels_module
 from tests.models.moe_cases import ROUTINGS, E, dispatch_path, random_experts, routing
 
 TOL = 1e-5  # fp32: the kernel and the dequantize-then-matmul path differ in summation order only
 
 
 def _kernels_on_cpu() -> bool:
-    k = dispatch._kernels()
+    k = kernels_module()
     return k is not None and k.kernels_available("cpu")
 
 
@@ -43,7 +43,7 @@ def test_device_groups_equal_host_chunks_packed(name):
 def test_device_groups_hand_the_kernel_offsets_over_all_experts(monkeypatch):
     if not _kernels_on_cpu():
         pytest.skip("Triton's interpreter is off (TRITON_INTERPRET=1 must be set before import)")
-    k = dispatch._kernels()
+    k = kernels_module()
     seen = []
     real = k.grouped_dequant_linear
 
