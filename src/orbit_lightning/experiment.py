@@ -70,7 +70,7 @@ class StrategySpec:
 @dataclass
 class TrainerSpec:
     max_steps: int = 60  # RL steps
-    eval_every: int = 10
+    eval_every: int = 10  # RL steps between evaluations (and one at the end); 0 = no evaluation
     eval_max_items: int = 200
     checkpoint_every: int = 10
     accelerator: str = "auto"
@@ -79,6 +79,13 @@ class TrainerSpec:
     resume: str | None = None  # a checkpoint path, or "auto" = last.ckpt in output_dir if present
     threads: int | None = None  # torch CPU threads (default: torch's choice)
     report: bool = True
+
+    def validate(self) -> None:
+        for name in ("max_steps", "eval_max_items", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every < 0:
+            raise ValueError(f"trainer.eval_every must be >= 0 (0 = no evaluation), got {self.eval_every}")
 
 
 @dataclass
@@ -125,5 +132,5 @@ class ExperimentConfig:
             raise ValueError(f"logger.kind={self.logger.kind!r} must be csv, tensorboard or wandb")
         if self.strategy.name not in ("colocated", "dedicated"):
             raise ValueError(f"strategy.name={self.strategy.name!r} must be 'colocated' or 'dedicated'")
-        for c in (self.algo, self.optim, self.rollout):
+        for c in (self.algo, self.optim, self.rollout, self.trainer):
             c.validate()

@@ -32,11 +32,13 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
         strategy = ColocatedRLStrategy(device=device, checkpoint_io=AtomicCheckpointIO())
     opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
     ckpt_dir = run_dir / "checkpoints"
+    t = cfg.trainer
+    evals = [EvalCallback(eval_items, every_n_steps=t.eval_every, k=cfg.rollout.eval_k, max_items=t.eval_max_items,
+                          output_dir=str(run_dir))] if t.eval_every else []  # eval_every=0: no evaluation
     callbacks = [
         AdapterPush(),
         MemoryTracker(),
-        EvalCallback(eval_items, every_n_steps=cfg.trainer.eval_every, k=cfg.rollout.eval_k,
-                     max_items=cfg.trainer.eval_max_items, output_dir=str(run_dir)),
+        *evals,
         ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.trainer.checkpoint_every * opt_steps,
                         save_last=True, save_top_k=1, filename="{step}"),
         FailSafe(ckpt_dir),
@@ -84,11 +86,12 @@ def run_train(cfg: ExperimentConfig) -> dict:
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
 
     adapter_dir = save_adapter(model, run_dir / "adapter", base_model_name_or_path=cfg.model.path)
-    eval_cb = next(c for c in trainer.callbacks if type(c).__name__ == "EvalCallback")
+    eval_cb = next((c for c in trainer.callbacks if type(c).__name__ == "EvalCallback"), None)
+    history = eval_cb.history if eval_cb is not None else []  # trainer.eval_every=0: no evaluation
     out = {"run_dir": str(run_dir), "metrics_csv": str(run_dir / "metrics.csv"), "adapter": str(adapter_dir),
-           "checkpoints": str(run_dir / "checkpoints"), "eval": eval_cb.history}
+           "checkpoints": str(run_dir / "checkpoints"), "eval": history}
     if cfg.trainer.report and cfg.logger.kind == "csv":
-        png, js = write_report(run_dir, eval_cb.history)
+        png, js = write_report(run_dir, history)
         out.update(report_png=str(png), report_json=str(js))
     return out
 
