@@ -71,11 +71,12 @@ class RLModule(L.LightningModule):
         if self.engine is None:
             self.engine = self.build_engine()
 
-    def build_engine(self):
+    def build_engine(self, model: nn.Module | None = None):
+        """The rollout engine as `rollout` configures it, on `model` (default: the trainer's own, colocated)."""
         from .rollout import RolloutEngine
 
         r = self.rollout_cfg
-        return RolloutEngine(self.model, tokenizer=self.tokenizer, kv_budget_bytes=r.kv_budget_bytes,
+        return RolloutEngine(self.model if model is None else model, tokenizer=self.tokenizer, kv_budget_bytes=r.kv_budget_bytes,
                              kv_fraction=r.kv_fraction, block_size=r.block_size, max_batch_size=r.max_batch_size,
                              cuda_graphs=r.cuda_graphs, deterministic=r.deterministic)
 

@@ -39,11 +39,4 @@ class DedicatedRolloutStrategy(SingleDeviceStrategy):
         super().setup(trainer)
         module = self.lightning_module
         if module.engine is None:
-            from ..rollout import RolloutEngine
-
-            r = module.rollout_cfg
-            rollout_model = self.rollout_model_factory(self.rollout_device)
-            module.engine = RolloutEngine(rollout_model, tokenizer=module.tokenizer, kv_budget_bytes=r.kv_budget_bytes,
-                                          kv_fraction=r.kv_fraction, block_size=r.block_size,
-                                          max_batch_size=r.max_batch_size, cuda_graphs=r.cuda_graphs,
-                                          deterministic=r.deterministic)
+            module.engine = module.build_engine(self.rollout_model_factory(self.rollout_device))
