@@ -58,7 +58,7 @@ def _assert_bitwise(model, lengths, n, new_tokens, cuda_graphs):
         assert torch.equal(trainer_lp[keep], engine_lp[keep]), f"{rows} rows per batch: max |dlogprob| {diff:.3e}"
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3"])
 def test_engine_equals_trainer_bitwise_cpu_interpreter(preset):
     """The invariant kernels through Triton's interpreter (fp32): identical code paths give identical bits."""
     from orbit_lightning import kernels
@@ -70,7 +70,7 @@ def test_engine_equals_trainer_bitwise_cpu_interpreter(preset):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3"])
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_engine_equals_trainer_bitwise_gpu_bf16(preset, cuda_graphs):
     _assert_bitwise(_model(preset, "cuda", torch.bfloat16), [5, 17, 3, 11], n=3, new_tokens=12,

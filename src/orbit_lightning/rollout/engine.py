@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import operator
 import threading
 from collections import defaultdict
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.invariant import invariant_mode
+from ..triton_kernels import kernels_run_on
 from .adapter_slots import AdapterSlots
 from .blocks import BlockAllocator, blocks_for
 from .cuda_graphs import DecodeGraphs, capture_blocker
@@ -28,6 +30,8 @@ from .runner import ModelRunner
 from .sampling import make_generator, sample_seed, sample_tokens, sampled_logprobs
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, check_stop
+
+log = logging.getLogger(__name__)
 
 
 class RolloutEngine:
@@ -75,7 +79,7 @@ class RolloutEngine:
                                        else capture_blocker(model, self.device, deterministic))
         if self.graphs_disabled_reason is None:
             self.runner.graphs = DecodeGraphs(self.runner.decode_hidden, max_batch_size, max_blocks, self.device)
-        self._mode = _batch_invariant_mode() if deterministic else contextlib.nullcontext
+        self._mode = _batch_invariant_mode(self.device) if deterministic else contextlib.nullcontext
         self.deterministic = deterministic
         self._requests: dict[str, Request] = {}
         self._to_report: list[Request] = []  # rejected, empty or aborted: answered at the next step
@@ -306,9 +310,13 @@ def _by_slot(items: list, slot_of) -> dict[str | None, list]:
     return groups
 
 
-def _batch_invariant_mode():
+def _batch_invariant_mode(device: torch.device):
     try:
         import orbit_lightning.kernels  # noqa: F401
     except ImportError as e:
         raise ValueError(f"deterministic=True needs orbit_lightning.kernels (Triton): {e}") from e
+    if not kernels_run_on(device):
+        log.warning("deterministic=True: the batch-invariant kernels cannot run on %s (on the CPU they need "
+                    "TRITON_INTERPRET=1 set before import), so torch's ops serve and engine/trainer log-probs are "
+                    "close but not guaranteed bit-identical", device)
     return invariant_mode
