@@ -47,8 +47,10 @@ def build_model(spec: ModelSpec, adapter: AdapterSpec | None):
         raise ValueError(f"model.dtype={spec.dtype!r} is not a torch dtype (use float32 or bfloat16)")
     model = load_model(resolve_model_path(spec.path), dtype=dtype, device=resolve_device(spec.device),
                        quant=spec.quant, **spec.overrides)
+    from .models.moe import Experts
+
     for m in model.modules():
-        if hasattr(m, "chunk") and hasattr(m, "num_experts"):
+        if isinstance(m, Experts):  # packed experts too (QuantExperts subclasses it)
             m.chunk = spec.expert_chunk
     if adapter is not None:
         add_adapter(model, peft_config(adapter))
