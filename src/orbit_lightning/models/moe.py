@@ -160,7 +160,8 @@ def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype) -> T
     """Expert outputs sorted by expert -> [T, D]: back in (token, slot) order, weighted, and the k slots summed
     in slot order, so a token's result depends neither on the rest of the batch nor on atomics."""
     t, k = topk_w.shape
-    y = ys[order.argsort()].view(t, k, ys.shape[-1])
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    y = ys[inverse].view(t, k, ys.shape[-1])  # a permutation's inverse by one scatter, not a second sort
     out = (y[:, 0] * topk_w[:, :1]).to(dtype)
     for j in range(1, k):
         out = out + (y[:, j] * topk_w[:, j : j + 1]).to(dtype)
