@@ -93,6 +93,20 @@ def packed_bytes(packed: dict) -> int:
     return sum(t.numel() * t.element_size() for t in packed.values())
 
 
+def layer_case(fmt, n: int, k: int):
+    """One random int4 layer: (packed tensors, resolved weight, fp32 dequantized reference, bf16 baseline)."""
+    torch.manual_seed(0)
+    packed = fmt.random_packed((n, k), device="cuda")
+    wbf = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    return packed, resolve("int4", packed, stacked=False), kernels.dequantize("int4", packed).float(), wbf
+
+
+def reference(x, wdq):
+    """fp32 x @ W^T and the bf16 error bound a kernel's result must stay within (2^-8 of |x||W| + |ref|)."""
+    ref = x.float() @ wdq.T
+    return ref, 2.0**-8 * (x.float().abs() @ wdq.abs().T + ref.abs())
+
+
 def section_gemv(deadline: float) -> None:
     say("\n== gemv sweep: int4-g32 forward, graph_us (cold L2, no host cost), x = bf16 F.linear us / variant us ==")
     fmt = get_format("int4")
@@ -111,15 +125,10 @@ def section_gemv(deadline: float) -> None:
         if time.time() > deadline:
             say("(budget: gemv sweep cut short)")
             break
-        torch.manual_seed(0)
-        packed = fmt.random_packed((n, k), device="cuda")
-        w = resolve("int4", packed, stacked=False)
-        wdq = kernels.dequantize("int4", packed).float()
-        wbf = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+        packed, w, wdq, wbf = layer_case(fmt, n, k)
         for m in (1, 16):
             x = torch.randn(m, k, device="cuda").bfloat16()
-            ref = x.float() @ wdq.T
-            bound = 2.0**-8 * (x.float().abs() @ wdq.abs().T + ref.abs())
+            ref, bound = reference(x, wdq)
             old_cfg = configs._FAST["fwd"][0][1]
             base[(name, m)] = (graph_us(F.linear, x, wbf),
                                graph_us(kernels.int4_linear, x, packed, config=old_cfg),
@@ -207,15 +216,10 @@ def section_final(deadline: float) -> None:
         if time.time() > deadline:
             say("(budget: final sweep cut short)")
             break
-        torch.manual_seed(0)
-        packed = fmt.random_packed((n, k), device="cuda")
-        w = resolve("int4", packed, stacked=False)
-        wdq = kernels.dequantize("int4", packed).float()
-        wbf = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+        packed, w, wdq, wbf = layer_case(fmt, n, k)
         for m, variants in cands.items():
             x = torch.randn(m, k, device="cuda").bfloat16()
-            ref = x.float() @ wdq.T
-            bound = 2.0**-8 * (x.float().abs() @ wdq.abs().T + ref.abs())
+            ref, bound = reference(x, wdq)
             b16 = graph_us(F.linear, x, wbf)
             todo = dict(variants)
             if m in (2, 4):  # against the M = 16 DOT candidates

@@ -62,4 +62,4 @@ def sample(logits: Tensor, temperature: Tensor, seeds: Tensor, steps: Tensor) ->
     # Chunks are in index order and argmax keeps the first maximum, so ties still go to the lowest index. A row
     # of all -inf picks chunk 0's first entry, index 0.
     won = best.argmax(dim=-1, keepdim=True)
-    return idx.gather(1, won)[:, 0].long().clamp_(max=v - 1)
+    return idx.gather(1, won)[:, 0].long()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -16,6 +18,13 @@ def kernels_module():
 
 
 def kernels_run_on(device: torch.device) -> bool:
-    """Whether the kernels can run on `device` (CUDA with bf16 tensor cores, or the CPU under the interpreter)."""
+    """Whether the kernels can run on `device` (CUDA with bf16 tensor cores, or the CPU under the interpreter).
+    Asked per op on hot paths (every RMSNorm, LoRA and attention call), so the answer is cached per device: it
+    depends only on the device's capability and on whether the interpreter was on at import."""
+    return _run_on(torch.device(device))
+
+
+@functools.cache
+def _run_on(device: torch.device) -> bool:
     k = kernels_module()
     return k is not None and k.kernels_available(device)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.invariant import invariant_mode
-from ..triton_kernels import kernels_run_on
+from ..triton_kernels import kernels_module, kernels_run_on
 from .adapter_slots import AdapterSlots
 from .blocks import BlockAllocator, blocks_for
 from .cuda_graphs import DecodeGraphs, capture_blocker
@@ -311,10 +311,9 @@ def _by_slot(items: list, slot_of) -> dict[str | None, list]:
 
 
 def _batch_invariant_mode(device: torch.device):
-    try:
-        import orbit_lightning.kernels  # noqa: F401
-    except ImportError as e:
-        raise ValueError(f"deterministic=True needs orbit_lightning.kernels (Triton): {e}") from e
+    if kernels_module() is None:
+        raise ValueError("deterministic=True needs orbit_lightning.kernels, which needs Triton: install triton, or "
+                         "pass deterministic=False")
     if not kernels_run_on(device):
         log.warning("deterministic=True: the batch-invariant kernels cannot run on %s (on the CPU they need "
                     "TRITON_INTERPRET=1 set before import), so torch's ops serve and engine/trainer log-probs are "
