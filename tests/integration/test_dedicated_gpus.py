@@ -29,3 +29,26 @@ def test_dedicated_rollout_gpu_pushes_every_step_and_matches_bitwise(tmp_path):
     versions = [float(r["adapter/version"]) for r in rows if r.get("adapter/version")]
     assert len(gaps) == 3 and all(g == 0.0 for g in gaps)
     assert versions == [1.0, 2.0, 3.0]  # pushed after every step, lag 0
+    assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_engine_on_second_gpu_leaves_later_captures_on_the_first_intact():
+    """An engine on cuda:1 captures its decode graphs on its own stream. torch.cuda.graph's default capture
+    stream is made once, on the device current at first use: had the engine's capture created it on cuda:1, this
+    later capture on cuda:0 would record an empty graph and its Triton launch would fail."""
+    from orbit_lightning import kernels, load_model
+    from orbit_lightning.rollout import RolloutEngine, SamplingParams
+
+    model = load_model("tiny-qwen3", dtype=torch.bfloat16, quant="int4", device="cuda:1")
+    engine = RolloutEngine(model, max_batch_size=2, max_model_len=64)
+    out = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert len(out[0].outputs[0].token_ids) == 4 and engine.stats()["graphs_captured"] >= 1
+    x, w = torch.randn(4, 64, device="cuda:0"), torch.rand(64, device="cuda:0")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = kernels.rms_norm(x, w)
+    x.mul_(2)
+    graph.replay()
+    torch.testing.assert_close(y, kernels.rms_norm(x, w))

@@ -55,6 +55,10 @@ class DecodeGraphs:
         self.buckets = batch_buckets(max_batch_size)
         self.max_width, self.device = max_width, device
         self.pool = torch.cuda.graph_pool_handle()
+        # Our own capture stream on our device: torch.cuda.graph's default is one class-wide stream made on
+        # whatever device was current at its first use, so an engine on cuda:1 would leave every later capture
+        # on cuda:0 recording into a cuda:1 stream (an empty graph).
+        self.stream = torch.cuda.Stream(device)
         self._inputs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
         self._graphs: dict[tuple[str | None, int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
 
@@ -85,15 +89,14 @@ class DecodeGraphs:
         static = self._static_inputs(b, w)
         for x, fill in zip(static, (0, 0, NULL_SLOT, NULL_BLOCK, 1)):  # a dummy batch: writes hit the null block
             x.fill_(fill)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm up (kernel autotuning, lazy inits) outside the capture
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):  # warm up (kernel autotuning, lazy inits) outside the capture
             for _ in range(2):
                 self.forward(*static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (the trainer, the async front end) may use CUDA during a capture.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
             out = self.forward(*static)
         return graph, out
 

@@ -85,6 +85,10 @@ class RolloutEngine:
         self._to_report: list[Request] = []  # rejected, empty or aborted: answered at the next step
         self._arrivals = itertools.count()
         self._lock = threading.RLock()
+        # Triton launches on the *current* CUDA device, not the tensors' one: an engine on another GPU than the
+        # trainer's (the dedicated strategy) must make its device current while it steps.
+        cuda = self.device.type == "cuda"
+        self._on_device = (lambda: torch.cuda.device(self.device)) if cuda else contextlib.nullcontext
         self.peak_used_blocks = 0
 
     def _num_blocks(self, layout: KVLayout, budget: int | None, fraction: float | None, max_batch: int) -> int:
@@ -214,7 +218,7 @@ class RolloutEngine:
     def step(self, stream: bool = True) -> list[RequestOutput]:
         """Run one scheduling step -> outputs of the requests that changed (finished ones for the last time).
         `stream=False` returns only the requests that finished, skipping the per-step snapshots of the others."""
-        with self._lock:
+        with self._lock, self._on_device():
             outs = []
             for req in self._step():
                 if req.finished:
@@ -226,7 +230,7 @@ class RolloutEngine:
     def generate(self, prompts: list[list[int]] | list[str],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Generate for every prompt -> one RequestOutput each, in order (errors in `.error`)."""
-        with self._lock:
+        with self._lock, self._on_device():
             if self.has_unfinished():
                 raise RuntimeError(f"generate() needs an idle engine but {len(self._requests)} request(s) added "
                                    "with add_request are unfinished; drive them with step() first")
