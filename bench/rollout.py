@@ -53,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--decode-steps", type=int, default=None,
+                    help="tokens per sequence per engine step (multi-step decode); default: the engine's")
     ap.add_argument("--gather-attention", action="store_true",
                     help="decode attention by gathering the paged KV + SDPA instead of the paged kernel")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -134,39 +136,46 @@ def run_engine(args, model, batch: int) -> tuple[dict, list]:
     layout = KVLayout.from_config(model.config, args.dtype)
     blocks = batch * blocks_for(p_len + n_new, 16) + 2
     engine = RolloutEngine(model, kv_budget_bytes=blocks * 16 * layout.bytes_per_token(), max_batch_size=batch,
-                           max_model_len=p_len + n_new + 1, cuda_graphs=not args.no_graphs)
+                           max_model_len=p_len + n_new + 1, cuda_graphs=not args.no_graphs,
+                           decode_steps=args.decode_steps)
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, model.config.vocab_size, (batch, p_len), generator=g).tolist()
     engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, ignore_eos=True, seed=0))  # compile/autotune
     for i, p in enumerate(prompts):
         engine.add_request(p, SamplingParams(max_new_tokens=n_new, ignore_eos=True, seed=i))
-    step_times, outs = [], []
-    prof = None
+    # Steady decode steps only (whole batch running, no capture): (seconds, decode forwards) per engine step.
+    # A multi-step engine step runs several decode forwards between host reads; time per token step is the ratio.
+    steps: list[tuple[float, int]] = []
+    outs: list = []
+    prof, prof_at = None, None
     t_all = time.perf_counter()
     while engine.has_unfinished():
         before = engine.stats()
-        if args.profile and len(step_times) == 8 and prof is None:
+        if args.profile and len(steps) == 2 and prof is None:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                       torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
-            prof_start, prof_steps = time.perf_counter(), len(step_times)
+            prof_at = (time.perf_counter(), sum(n for _, n in steps))
         sync(device)
         t = time.perf_counter()
         outs += engine.step(stream=False)
         sync(device)
         dt = time.perf_counter() - t
-        captured = engine.stats()["graphs_captured"] != before["graphs_captured"]
-        if before["waiting"] == 0 and before["running"] == batch and not captured:
-            step_times.append(dt)
-        if prof is not None and prof_steps >= 0 and len(step_times) - prof_steps >= args.profile:
+        after = engine.stats()
+        if (before["waiting"] == 0 and before["running"] == batch and after["graphs_captured"] ==
+                before["graphs_captured"]):
+            steps.append((dt, after["decode_forwards"] - before["decode_forwards"]))
+        done = sum(n for _, n in steps) - prof_at[1] if prof_at else 0
+        if prof_at and done >= args.profile:
             sync(device)
             prof.__exit__(None, None, None)
-            print_profile(prof, len(step_times) - prof_steps, time.perf_counter() - prof_start, batch)
-            prof_steps = -1
+            print_profile(prof, done, time.perf_counter() - prof_at[0], batch)
+            prof_at = None
     wall = time.perf_counter() - t_all
-    step = sum(step_times) / max(len(step_times), 1)
-    row = dict(batch=batch, engine_step_ms=1e3 * step, engine_tok_s=batch / step, decode_steps=len(step_times),
-               engine_wall_s=wall, cuda_graphs=engine.stats()["cuda_graphs"])
+    n_steps = sum(n for _, n in steps)
+    step = sum(dt for dt, _ in steps) / max(n_steps, 1)
+    row = dict(batch=batch, engine_step_ms=1e3 * step, engine_tok_s=batch / step, decode_steps=n_steps,
+               engine_wall_s=wall, cuda_graphs=engine.stats()["cuda_graphs"], steps_per_sync=engine.decode_steps)
     del engine
     return row, outs
 

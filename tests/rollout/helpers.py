@@ -33,8 +33,9 @@ def random_adapter_state(model, seed: int, scale: float = 0.05) -> dict[str, tor
     return {k: scale * torch.randn(v.shape, generator=g) for k, v in adapter_state_dict(model).items()}
 
 
-def lora_model(preset: str = "tiny-qwen3", seed: int = 0, **overrides):
-    model = load_model(preset, dtype=torch.float32, quant="int4", **overrides)
+def lora_model(preset: str = "tiny-qwen3", seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               **overrides):
+    model = load_model(preset, dtype=dtype, quant="int4", device=device, **overrides)
     add_adapter(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS[preset]))
     randomize_adapter(model, seed)
     return model

@@ -9,23 +9,17 @@ issue 6 (bf16, int4 base + LoRA, dense and MoE); on the CPU the same code runs t
 import pytest
 import torch
 
-from orbit_lightning import add_adapter, load_model
 from orbit_lightning.models import token_logprobs
 from orbit_lightning.models.invariant import invariant_mode
 from orbit_lightning.rl.experience import pack_sequences
 from orbit_lightning.rollout import RolloutEngine, SamplingParams
-from tests.rollout.helpers import TARGETS, prompts, randomize_adapter
+from tests.rollout.helpers import lora_model, prompts
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def _model(preset: str, device: str, dtype: torch.dtype):
-    import peft
-
-    model = load_model(preset, dtype=dtype, quant="int4", device=device)
-    add_adapter(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS[preset]))
-    randomize_adapter(model, seed=1)
-    return model
+    return lora_model(preset, seed=1, dtype=dtype, device=device)
 
 
 def _generate(model, lengths: list[int], n: int, new_tokens: int, cuda_graphs: bool, deterministic: bool = True):

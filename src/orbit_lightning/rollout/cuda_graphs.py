@@ -1,16 +1,18 @@
-"""CUDA graphs for decode: one graph per (adapter slot, batch-size bucket, block-table width), captured lazily.
-
-Only the model forward (`ModelRunner.decode_hidden`: embeddings, layers, final norm) is captured; it reads
-static input buffers and writes a static [b, D] hidden-state buffer. lm_head, the fp32 cast and sampling run
-eagerly after each replay, so no graph holds a [b, V] logits buffer.
+"""CUDA graphs for decode: one graph per (kind, adapter slot, batch-size bucket, block-table width), captured
+lazily. Two kinds (`ModelRunner`):
+- "sampled": the whole decode step (forward, lm_head, sampling kernel, log-probs) writing a static [2, b]
+  (token, log-prob) buffer, and advancing its own static inputs to the next step, so multi-step decode replays
+  it back to back without touching the inputs;
+- "hidden": only the model forward (embeddings, layers, final norm) writing a static [b, D] hidden-state
+  buffer, for batches whose sampling cannot be captured (top-k / top-p rows sort on a host-chosen path).
 
 Why the adapter slot is part of the key: LoRA layers choose their tensors (slot0 or slot1) in Python while
 capturing, so a graph bakes in one slot's buffer addresses. Staging copies *into* those buffers, so graphs stay
 valid across versions; only the slot choice needs its own graph.
 
 Graphs share one memory pool. That is safe because they never run concurrently and each replay's output is
-consumed (lm_head) before the next replay. Padding rows of a bucket decode token 0 at position 0 into the null
-block; their outputs are dropped.
+consumed (copied out, or read by lm_head) before the next replay. Padding rows of a bucket decode token 0 at
+position 0 into the null block; their outputs are dropped.
 
 MoE layers are captured when their experts run on device groups (quant.grouped.ExpertGroups: every expert in
 one grouped call on device offsets, no host sync): packed experts in a format the fused grouped kernel reads,
@@ -27,8 +29,6 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
-
-from .blocks import NULL_BLOCK, NULL_SLOT
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -50,8 +50,10 @@ def capture_blocker(model: nn.Module, device: torch.device, deterministic: bool 
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[..., Tensor], max_batch_size: int, max_width: int, device: torch.device):
-        self.forward = forward  # (ids, positions, slots, block_tables, context_lens) -> hidden [b, D]
+    def __init__(self, forwards: dict[str, Callable[..., Tensor]], padding: tuple, max_batch_size: int,
+                 max_width: int, device: torch.device):
+        self.forwards = forwards  # kind -> f(*static inputs) -> static output; "sampled" also advances its inputs
+        self.padding = padding  # per input: the value of the rows of a bucket beyond the real batch
         self.buckets = batch_buckets(max_batch_size)
         self.max_width, self.device = max_width, device
         self.pool = torch.cuda.graph_pool_handle()
@@ -59,8 +61,8 @@ class DecodeGraphs:
         # whatever device was current at its first use, so an engine on cuda:1 would leave every later capture
         # on cuda:0 recording into a cuda:1 stream (an empty graph).
         self.stream = torch.cuda.Stream(device)
-        self._inputs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
-        self._graphs: dict[tuple[str | None, int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self._inputs: dict[tuple, tuple[Tensor, ...]] = {}
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
 
     @property
     def num_captured(self) -> int:
@@ -72,60 +74,43 @@ class DecodeGraphs:
     def _bucket(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
 
-    def _static_inputs(self, b: int, w: int) -> tuple[Tensor, ...]:
-        if (b, w) not in self._inputs:
-            z = dict(dtype=torch.long, device=self.device)
-            self._inputs[(b, w)] = (
-                torch.zeros(b, 1, **z),
-                torch.zeros(b, 1, **z),
-                torch.full((b, 1), NULL_SLOT, **z),
-                torch.full((b, w), NULL_BLOCK, **z),
-                torch.ones(b, **z),
-            )
-        return self._inputs[(b, w)]
+    def _pad(self, static: tuple[Tensor, ...], start: int) -> None:
+        for x, fill in zip(static, self.padding):
+            x[start:].fill_(fill)
 
-    def _capture(self, key: tuple[str | None, int, int]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        _, b, w = key
-        static = self._static_inputs(b, w)
-        for x, fill in zip(static, (0, 0, NULL_SLOT, NULL_BLOCK, 1)):  # a dummy batch: writes hit the null block
-            x.fill_(fill)
+    def _capture(self, kind: str, static: tuple[Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        forward = self.forwards[kind]
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):  # warm up (kernel autotuning, lazy inits) outside the capture
             for _ in range(2):
-                self.forward(*static)
+                self._pad(static, 0)  # a dummy batch: writes hit the null block
+                forward(*static)
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        self._pad(static, 0)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (the trainer, the async front end) may use CUDA during a capture.
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
-            out = self.forward(*static)
+            out = forward(*static)
         return graph, out
 
-    def run(
-        self,
-        slot: str | None,
-        ids: Tensor,
-        positions: Tensor,
-        slots: Tensor,
-        block_tables: Tensor,
-        context_lens: Tensor,
-    ) -> Tensor:
-        """Same arguments and result as the eager forward; rows beyond the real batch are padding."""
-        n, w = block_tables.shape
-        key = (slot, self._bucket(n), w)
+    def run(self, kind: str, slot: str | None, inputs: tuple[Tensor, ...], stage: bool = True) -> Tensor:
+        """Replay the `kind` graph on `inputs` (batch-first tensors; the first n rows of the bucket) -> its
+        static output (rows or columns beyond n are padding). stage=False replays on the static inputs as the
+        previous replay of this graph left them (a "sampled" graph advanced them to the next step)."""
+        n = inputs[0].shape[0]
+        shape_key = (self._bucket(n), *(tuple(x.shape[1:]) for x in inputs))
+        key = (kind, slot, *shape_key)
+        if shape_key not in self._inputs:
+            self._inputs[shape_key] = tuple(torch.empty((shape_key[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+                                            for x in inputs)
+        static = self._inputs[shape_key]
         if key not in self._graphs:
-            self._graphs[key] = self._capture(key)
+            self._graphs[key] = self._capture(kind, static)
+            stage = True
+        if stage:
+            for s, x in zip(static, inputs):
+                s[:n].copy_(x)
+            self._pad(static, n)
         graph, out = self._graphs[key]
-        s_ids, s_pos, s_slots, s_tables, s_ctx = self._static_inputs(key[1], w)
-        s_ids[:n].copy_(ids)
-        s_pos[:n].copy_(positions)
-        s_slots[:n].copy_(slots)
-        s_tables[:n].copy_(block_tables)
-        s_ctx[:n].copy_(context_lens)
-        if n < key[1]:
-            s_ids[n:].zero_()
-            s_pos[n:].zero_()
-            s_slots[n:].fill_(NULL_SLOT)
-            s_tables[n:].fill_(NULL_BLOCK)
-            s_ctx[n:].fill_(1)
         graph.replay()
-        return out[:n]
+        return out

@@ -26,8 +26,8 @@ from .cuda_graphs import DecodeGraphs, capture_blocker
 from .kv_cache import KVLayout, PagedKVCache, free_memory_bytes
 from .outputs import RequestOutput
 from .params import SamplingParams
-from .runner import ModelRunner
-from .sampling import make_generator, sample_seed, sample_tokens, sampled_logprobs
+from .runner import DecodeInputs, ModelRunner
+from .sampling import RowSampling, make_generator, sample_seed, sampled_logprobs
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, check_stop
 
@@ -44,6 +44,10 @@ class RolloutEngine:
     - `max_batch_size` sequences decode at once; `max_prefill_tokens` bounds the padded tokens of one prefill
       forward (activation memory). `cuda_graphs` captures decode on CUDA for models that allow it
       (`cuda_graphs.capture_blocker` names what stops one, e.g. experts in a format the kernels do not read).
+    - `decode_steps` (default 8 on CUDA, 1 elsewhere): tokens each running sequence decodes per engine step,
+      fed back on the device, with one host read at the end (multi-step decode: Python's per-token work no
+      longer idles the GPU). A sequence that stops inside a step keeps only its tokens up to the stop; the rest
+      was wasted work. New requests join, and adapter versions switch, between engine steps.
     - `adapter_policy`: "finish" (in-flight sequences finish on their version) or "switch"; see adapter_slots.
     - `deterministic=True` runs every forward and the recorded log-probs in batch-invariant mode
       (`orbit_lightning.models.invariant.invariant_mode`), so a row's numbers do not depend on its batch: on
@@ -53,10 +57,12 @@ class RolloutEngine:
     def __init__(self, model: nn.Module, tokenizer=None, *, kv_budget_bytes: int | None = None,
                  kv_fraction: float | None = None, block_size: int = 16, max_batch_size: int = 256,
                  max_model_len: int | None = None, max_prefill_tokens: int = 8192, cuda_graphs: bool = True,
-                 deterministic: bool = False, adapter_policy: str = "finish"):
+                 deterministic: bool = False, adapter_policy: str = "finish", decode_steps: int | None = None):
         cfg = model.config
+        embed = model.model.embed_tokens.weight
+        decode_steps = decode_steps if decode_steps is not None else (8 if embed.device.type == "cuda" else 1)
         for name, val in (("block_size", block_size), ("max_batch_size", max_batch_size),
-                          ("max_prefill_tokens", max_prefill_tokens)):
+                          ("max_prefill_tokens", max_prefill_tokens), ("decode_steps", decode_steps)):
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {val!r}")
         self.max_model_len = max_model_len or cfg.max_position_embeddings
@@ -64,7 +70,7 @@ class RolloutEngine:
             raise ValueError(f"max_model_len={max_model_len} must be in [2, max_position_embeddings="
                              f"{cfg.max_position_embeddings}]")
         self.model, self.tokenizer, self.block_size = model, tokenizer, block_size
-        embed = model.model.embed_tokens.weight
+        self.decode_steps = decode_steps
         self.device, self.vocab_size = embed.device, cfg.vocab_size
         self.eos_ids = set(cfg.eos_token_ids)
         layout = KVLayout.from_config(cfg, embed.dtype)
@@ -78,7 +84,8 @@ class RolloutEngine:
         self.graphs_disabled_reason = ("cuda_graphs=False" if not cuda_graphs
                                        else capture_blocker(model, self.device, deterministic))
         if self.graphs_disabled_reason is None:
-            self.runner.graphs = DecodeGraphs(self.runner.decode_hidden, max_batch_size, max_blocks, self.device)
+            forwards = {"hidden": self.runner.decode_hidden, "sampled": self.runner.decode_sampled}
+            self.runner.graphs = DecodeGraphs(forwards, DecodeInputs.PADDING, max_batch_size, max_blocks, self.device)
         self._mode = _batch_invariant_mode(self.device) if deterministic else contextlib.nullcontext
         self.deterministic = deterministic
         self._requests: dict[str, Request] = {}
@@ -90,6 +97,8 @@ class RolloutEngine:
         cuda = self.device.type == "cuda"
         self._on_device = (lambda: torch.cuda.device(self.device)) if cuda else contextlib.nullcontext
         self.peak_used_blocks = 0
+        self.num_steps = 0  # engine steps (schedule + forwards + one host read each)
+        self.decode_forwards = 0  # decode forwards run (a multi-step engine step runs several)
 
     def _num_blocks(self, layout: KVLayout, budget: int | None, fraction: float | None, max_batch: int) -> int:
         per_block = layout.bytes_per_token() * self.block_size
@@ -245,7 +254,8 @@ class RolloutEngine:
     def _step(self) -> list[Request]:
         touched: dict[str, Request] = {r.request_id: r for r in self._to_report}
         self._to_report = []
-        plan = self.scheduler.schedule()
+        self.num_steps += 1
+        plan = self.scheduler.schedule(self._lookahead())
         self.peak_used_blocks = max(self.peak_used_blocks, self.allocator.num_used)
         if plan.copies:
             self.cache.copy_blocks(*map(list, zip(*plan.copies)))
@@ -260,32 +270,41 @@ class RolloutEngine:
             seqs = [s for j in jobs for s in j.samples]
             for s in seqs:
                 s.num_cached = len(s.tokens)
-            with self._mode():
-                self._sample(seqs, logits[torch.tensor(rows, device=logits.device)])
+            with self._mode():  # the recorded log-probs' logsumexp is part of the invariant path
+                logits = logits[torch.tensor(rows, device=logits.device)]
+                tokens = _row_sampling(seqs).sample(logits)
+                self._record(seqs, tokens.tolist(), sampled_logprobs(logits, tokens).tolist())
         for slot, seqs in _by_slot(plan.decode, lambda s: s.slot).items():
             with self.slots.use(slot), self._mode():
-                logits = self.runner.decode([s.tokens[-1] for s in seqs], [s.num_cached for s in seqs],
-                                            [s.block_table for s in seqs], slot)
+                steps = self.runner.decode([s.tokens[-1] for s in seqs], [s.num_cached for s in seqs],
+                                           [s.block_table for s in seqs], slot, _row_sampling(seqs), plan.lookahead)
+            self.decode_forwards += plan.lookahead
             for s in seqs:
-                s.num_cached += 1
-            with self._mode():  # the recorded log-probs' logsumexp is part of the invariant path
-                self._sample(seqs, logits)
+                s.num_cached += plan.lookahead
+            for tokens, logprobs in steps.tolist():
+                self._record(seqs, [int(t) for t in tokens], logprobs)
         for s in [s for j in plan.prefill for s in j.samples] + plan.decode:
             touched[s.request.request_id] = s.request
         return list(touched.values())
 
-    def _sample(self, seqs: list[Sequence], logits: Tensor) -> None:
-        ps = [s.request.params for s in seqs]
-        tokens = sample_tokens(  # settings stay on the host: no extra device sync
-            logits,
-            torch.tensor([p.temperature for p in ps], dtype=torch.float32),
-            torch.tensor([p.top_k_or_off for p in ps], dtype=torch.long),
-            torch.tensor([p.top_p for p in ps], dtype=torch.float32),
-            [s.generator for s in seqs],
-            [len(s.tokens) - s.prompt_len for s in seqs],
-        )
-        lps = sampled_logprobs(logits, tokens)
-        for s, tok, lp in zip(seqs, tokens.tolist(), lps.tolist()):
+    def _lookahead(self) -> int:
+        """Decode tokens per sequence this step: `decode_steps`, but not past the point where every running
+        sequence has reached its max_new_tokens, nor past any one's max_model_len (its slots must exist)."""
+        running = self.scheduler.running
+        if self.decode_steps == 1 or not running:
+            return 1
+        room = min(self.max_model_len - len(s.tokens) for s in running)
+        budgets = [s.request.params.max_new_tokens for s in running]
+        if None not in budgets:
+            room = min(room, max(b - (len(s.tokens) - s.prompt_len) for s, b in zip(running, budgets)))
+        return max(1, min(self.decode_steps, room))
+
+    def _record(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> None:
+        """Append one sampled token per sequence; sequences already stopped (earlier in a multi-step decode)
+        drop theirs."""
+        for s, tok, lp in zip(seqs, tokens, logprobs):
+            if s.finish_reason is not None:
+                continue
             s.tokens.append(tok)
             s.logprobs.append(lp)
             s.versions.append(self.slots.version[s.slot] if s.slot is not None else None)
@@ -304,7 +323,16 @@ class RolloutEngine:
                     used_blocks=self.allocator.num_used, peak_used_blocks=self.peak_used_blocks,
                     preemptions=self.scheduler.num_preemptions, running=len(self.scheduler.running),
                     waiting=len(self.scheduler.waiting), cuda_graphs=self.graphs_disabled_reason or "on",
-                    graphs_captured=self.runner.graphs.num_captured if self.runner.graphs is not None else 0)
+                    graphs_captured=self.runner.graphs.num_captured if self.runner.graphs is not None else 0,
+                    steps=self.num_steps, decode_forwards=self.decode_forwards)
+
+
+def _row_sampling(seqs: list[Sequence]) -> RowSampling:
+    ps = [s.request.params for s in seqs]
+    return RowSampling(torch.tensor([p.temperature for p in ps], dtype=torch.float32),
+                       torch.tensor([p.top_k_or_off for p in ps], dtype=torch.long),
+                       torch.tensor([p.top_p for p in ps], dtype=torch.float32),
+                       [s.generator for s in seqs], [len(s.tokens) - s.prompt_len for s in seqs])
 
 
 def _by_slot(items: list, slot_of) -> dict[str | None, list]:

@@ -1,11 +1,19 @@
-"""Turns scheduled sequences into model inputs, runs the trainer's forward on them and returns fp32 logits.
+"""Turns scheduled sequences into model inputs, runs the trainer's forward on them and samples.
 
 The forward is `model.hidden_states(ids, position_ids=..., ctx=PagedAttention)` followed by
 `model.lm_head(h).float()`: the same modules, kernels and packed tensors the trainer runs, with only the k/v
-storage swapped (see `kv_cache.py`). Decode forwards can replay CUDA graphs (`cuda_graphs.py`).
+storage swapped (see `kv_cache.py`).
+
+Decode runs `num_steps` tokens per call (multi-step decode): each step feeds the tokens the previous one sampled
+straight from the device (`DecodeInputs.advance`), and the host reads every step's tokens and log-probs once at
+the end, so the GPU does not idle while Python handles each token. On CUDA with the sampling kernel, one CUDA
+graph holds the whole step (forward, lm_head, sampling, log-probs, input advance; `cuda_graphs.py`) and the
+host only replays it. Rows with top-k / top-p (a host-chosen sort), and the CPU, sample eagerly after the forward.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor, nn
@@ -13,12 +21,45 @@ from torch import Tensor, nn
 from .blocks import NULL_BLOCK, NULL_SLOT
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import PagedAttention, PagedKVCache
+from .sampling import RowSampling, sampled_logprobs, sampling_kernel
 
 
 def width_bucket(blocks: int, max_blocks: int) -> int:
     """Block-table width for a decode batch: the next power of two (bounded), so that a CUDA graph can serve
     every step until the longest sequence crosses the bucket, and eager and graph steps gather alike."""
     return min(1 << max(blocks - 1, 0).bit_length(), max_blocks)
+
+
+@dataclass
+class DecodeInputs:
+    """The device tensors of one decode step of B sequences (the static inputs a decode graph reads)."""
+
+    ids: Tensor  # [B, 1] int64 token fed at this step
+    positions: Tensor  # [B, 1] int64 its position
+    slots: Tensor  # [B, 1] int64 flat cache slot its k/v is written to
+    block_tables: Tensor  # [B, W] int64 (NULL_BLOCK padded)
+    context_lens: Tensor  # [B] int64 keys attended = position + 1
+    temperature: Tensor  # [B] fp32, 0 = greedy
+    seeds: Tensor  # [B] int64 sampling seed of the row
+    steps: Tensor  # [B] int64 tokens the row generated so far (keys the sampler's noise)
+
+    # What the rows of a graph's batch bucket beyond the real batch hold: token 0 at position 0, writing into
+    # the null block, greedy.
+    PADDING = (0, 0, NULL_SLOT, NULL_BLOCK, 1, 0.0, 0, 0)
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def advance(self, tokens: Tensor, block_size: int) -> None:
+        """In place, on the device: the next step feeds `tokens` [B] one position further. The slot is read
+        from the block table, which the scheduler filled for every step of the call (the clamp only keeps
+        padding rows, whose table is all null blocks, in bounds)."""
+        self.ids.copy_(tokens[:, None])
+        self.positions += 1
+        self.context_lens += 1
+        self.steps += 1
+        block = (self.positions // block_size).clamp_(max=self.block_tables.shape[1] - 1)
+        self.slots.copy_(self.block_tables.gather(1, block) * block_size + self.positions % block_size)
 
 
 class ModelRunner:
@@ -48,30 +89,53 @@ class ModelRunner:
         last = torch.tensor([len(x) - 1 for x in token_lists], device=self.device)
         return self.model.lm_head(hidden[torch.arange(b, device=self.device), last]).float()
 
-    @torch.no_grad()
-    def decode(self, tokens: list[int], positions: list[int], tables: list[list[int]], graph_key: str | None) -> Tensor:
-        """One new token per sequence at `positions` (its k/v slot is reserved) -> logits [B, V] fp32."""
-        b = len(tokens)
+    def decode_inputs(self, tokens: list[int], positions: list[int], tables: list[list[int]],
+                      sampling: RowSampling) -> DecodeInputs:
         w = width_bucket(max(len(t) for t in tables), self.max_blocks_per_seq)
         table = torch.tensor([t + [NULL_BLOCK] * (w - len(t)) for t in tables])
         slots = [self._slot(t, p) for t, p in zip(tables, positions)]
-        # One host tensor, one copy to the device: ids, positions, slots, context lengths.
-        packed = torch.tensor([tokens, positions, slots, [p + 1 for p in positions]]).to(self.device)
-        inputs = (packed[0, :, None], packed[1, :, None], packed[2, :, None], table.to(self.device), packed[3])
-        if self.graphs is not None and self.graphs.fits(b, w):
-            hidden = self.graphs.run(graph_key, *inputs)
-        else:
-            hidden = self.decode_hidden(*inputs)
-        return self.model.lm_head(hidden).float()
+        # One host tensor, one copy to the device, for every int input.
+        ints = torch.tensor([tokens, positions, slots, [p + 1 for p in positions], sampling.seeds, sampling.steps])
+        ints = ints.to(self.device)
+        return DecodeInputs(ints[0, :, None], ints[1, :, None], ints[2, :, None], table.to(self.device), ints[3],
+                            sampling.temperature.to(self.device), ints[4], ints[5])
 
-    def decode_hidden(
-        self,
-        ids: Tensor,  # [B, 1] int64
-        positions: Tensor,  # [B, 1] int64
-        slots: Tensor,  # [B, 1] int64 flat cache slot of the new token
-        block_tables: Tensor,  # [B, W] int64
-        context_lens: Tensor,  # [B] int64 = position + 1
-    ) -> Tensor:
-        """The model forward of one decode step -> final hidden states [B, D]; the region a CUDA graph captures."""
+    @torch.no_grad()
+    def decode(self, tokens: list[int], positions: list[int], tables: list[list[int]], graph_key: str | None,
+               sampling: RowSampling, num_steps: int = 1) -> Tensor:
+        """Decode `num_steps` tokens per sequence, from `tokens` at `positions` (their k/v slots for every step
+        are reserved in `tables`) -> host fp32 [num_steps, 2, B]: the sampled token ids (exact in fp32 below
+        2^24) and their log-probs. The caller drops what a sequence sampled after it stopped."""
+        inputs = self.decode_inputs(tokens, positions, tables, sampling)
+        b, w = inputs.block_tables.shape
+        out = torch.empty(num_steps, 2, b, device=self.device)
+        graphed = self.graphs is not None and self.graphs.fits(b, w)
+        if graphed and not sampling.masked and sampling_kernel(self.device) is not None:
+            for i in range(num_steps):  # replays back to back: the graph advances its own inputs
+                out[i] = self.graphs.run("sampled", graph_key, inputs.tensors(), stage=i == 0)[:, :b]
+            return out.cpu()
+        for i in range(num_steps):
+            hidden = (self.graphs.run("hidden", graph_key, inputs.tensors())[:b] if graphed
+                      else self.decode_hidden(*inputs.tensors()))
+            logits = self.model.lm_head(hidden).float()
+            tokens_i = sampling.sample(logits)
+            out[i, 0], out[i, 1] = tokens_i, sampled_logprobs(logits, tokens_i)
+            inputs.advance(tokens_i, self.block_size)
+            sampling = sampling.advanced()
+        return out.cpu()
+
+    def decode_hidden(self, ids: Tensor, positions: Tensor, slots: Tensor, block_tables: Tensor,
+                      context_lens: Tensor, *_sampling: Tensor) -> Tensor:
+        """The model forward of one decode step (DecodeInputs' fields) -> final hidden states [B, D]."""
         ctx = PagedAttention.decode(self.cache, slots, block_tables, context_lens)
         return self.model.hidden_states(ids, position_ids=positions, ctx=ctx)[:, 0]
+
+    def decode_sampled(self, *fields: Tensor) -> Tensor:
+        """One whole decode step on DecodeInputs' fields, advancing them in place -> [2, B] fp32 (token id,
+        log-prob): the region a sampled decode graph captures (no host sync, no host-chosen path)."""
+        inputs = DecodeInputs(*fields)
+        logits = self.model.lm_head(self.decode_hidden(*fields)).float()
+        tokens = sampling_kernel(self.device)(logits, inputs.temperature, inputs.seeds, inputs.steps)
+        logprobs = sampled_logprobs(logits, tokens)
+        inputs.advance(tokens, self.block_size)
+        return torch.stack([tokens.float(), logprobs])

@@ -13,6 +13,8 @@ The trainer's importance ratios compare against exactly this quantity.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -34,6 +36,34 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
+
+
+@dataclass
+class RowSampling:
+    """Per-row sampling settings of a batch, kept on the host so that choosing code paths needs no device sync."""
+
+    temperature: Tensor  # [B] fp32, 0 = greedy
+    top_k: Tensor  # [B] int64, 0 = off
+    top_p: Tensor  # [B] fp32, 1 = off
+    generators: list[torch.Generator | None]  # per row; None only for greedy rows
+    steps: list[int]  # per row: tokens it generated so far (keys the CUDA kernel's noise)
+
+    @property
+    def masked(self) -> bool:
+        """Does some sampled row need top-k / top-p masking (a sort, chosen on the host)?"""
+        return bool(((self.temperature > 0) & ((self.top_k > 0) | (self.top_p < 1))).any())
+
+    @property
+    def seeds(self) -> list[int]:
+        return generator_seeds(self.generators)
+
+    def sample(self, logits: Tensor) -> Tensor:
+        """-> [B] int64 tokens drawn from `logits` [B, V] fp32 with these settings."""
+        return sample_tokens(logits, self.temperature, self.top_k, self.top_p, self.generators, self.steps)
+
+    def advanced(self) -> RowSampling:
+        """The settings of the next step: one more token generated per row (generators advance themselves)."""
+        return RowSampling(self.temperature, self.top_k, self.top_p, self.generators, [s + 1 for s in self.steps])
 
 
 def mask_top_k_top_p(
@@ -71,7 +101,7 @@ def sample_tokens(
     The per-row settings may live on the host (the engine keeps them there): choosing rows then needs no sync
     with the device."""
     dev = logits.device
-    if steps is not None and _sampling_kernel(logits) is not None:
+    if steps is not None and sampling_kernel(logits.device) is not None:
         return _sample_on_device(logits, temperature, top_k, top_p, generators, steps)
     tokens = logits.argmax(dim=-1)
     rows = (temperature > 0).nonzero().flatten()
@@ -93,8 +123,14 @@ def sample_tokens(
     return tokens
 
 
-def _sampling_kernel(logits: Tensor):
-    return kernels_module().sample if logits.is_cuda and kernels_run_on(logits.device) else None
+def generator_seeds(generators: list[torch.Generator | None]) -> list[int]:
+    """The sampling kernel's per-row seeds: each generator's own seed (greedy rows: 0, unused)."""
+    return [g.initial_seed() if g is not None else 0 for g in generators]
+
+
+def sampling_kernel(device: torch.device):
+    """The one-launch sampler (`kernels.sample`) on a CUDA device it runs on, else None."""
+    return kernels_module().sample if device.type == "cuda" and kernels_run_on(device) else None
 
 
 def _sample_on_device(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
@@ -109,9 +145,8 @@ def _sample_on_device(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p:
         logits[idx] = mask_top_k_top_p(logits[idx] / temperature[masked].to(dev)[:, None], top_k[masked].to(dev),
                                        top_p[masked].to(dev))
         temp[masked] = 1.0
-    seeds = [g.initial_seed() if g is not None else 0 for g in generators]
-    ints = torch.tensor([seeds, steps], dtype=torch.long).to(dev, non_blocking=True)
-    return _sampling_kernel(logits)(logits, temp.to(dev, non_blocking=True), ints[0], ints[1])
+    ints = torch.tensor([generator_seeds(generators), steps], dtype=torch.long).to(dev, non_blocking=True)
+    return sampling_kernel(logits.device)(logits, temp.to(dev, non_blocking=True), ints[0], ints[1])
 
 
 def sampled_logprobs(

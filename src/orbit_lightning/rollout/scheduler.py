@@ -1,11 +1,12 @@
 """Continuous batching over the paged KV cache: who decodes, who is prefilled, who is preempted, each step.
 
 Each step, oldest first:
-1. every running sequence reserves the cache slot of its next token (a new block at a block boundary, or a
-   private copy of a shared last block: copy-on-write). When no block is free, the *youngest* running
-   sequence is preempted: its blocks are released and it goes back to the waiting queue, to be recomputed
-   (prompt + tokens so far, one prefill) when blocks free up. Its generator and tokens are kept, so its
-   output does not depend on having been preempted.
+1. every running sequence reserves the cache slots of its next `lookahead` tokens (a new block at a block
+   boundary, or a private copy of a shared last block: copy-on-write). A lookahead > 1 (multi-step decode) is
+   granted only when the free blocks cover it for every running sequence; otherwise the step decodes one
+   token. When no block is free, the *youngest* running sequence is preempted: its blocks are released and it
+   goes back to the waiting queue, to be recomputed (prompt + tokens so far, one prefill) when blocks free up.
+   Its generator and tokens are kept, so its output does not depend on having been preempted.
 2. if nothing was preempted, waiting sequences are admitted in arrival order while the batch has room, the
    prefill token budget allows and the blocks they hold after their first decode are free. The `n` fresh
    samples of a prompt are admitted together: one is prefilled, the others share its blocks.
@@ -39,6 +40,7 @@ class StepPlan:
     decode: list[Sequence]
     copies: list[tuple[int, int]]  # copy-on-write (src block, dst block), to run before any forward
     preempted: list[Sequence]
+    lookahead: int = 1  # decode tokens per sequence this step (their cache slots are reserved)
 
 
 class Scheduler:
@@ -56,14 +58,18 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, lookahead: int = 1) -> StepPlan:
+        """Plan one step; `lookahead` > 1 asks for that many decode tokens per running sequence (granted only if
+        no sequence must be preempted for it)."""
         copies: list[tuple[int, int]] = []
         preempted: list[Sequence] = []
         decode: list[Sequence] = []
+        if lookahead > 1 and self._new_blocks(lookahead) > self.allocator.num_free:
+            lookahead = 1
         i = 0
         while i < len(self.running):
             seq = self.running[i]
-            while not self._reserve_next_slot(seq, copies):
+            while not self._reserve_slots(seq, lookahead, copies):
                 victim = self.running[-1]  # the youngest
                 self._preempt(victim)
                 preempted.append(victim)
@@ -76,7 +82,7 @@ class Scheduler:
         if self.waiting and not self.running and not preempted:
             raise RuntimeError(f"scheduler stalled: {len(self.waiting)} waiting sequence(s) cannot start on an "
                                f"empty cache of {self.allocator.num_usable} blocks (an admission check is wrong)")
-        return StepPlan(prefill, decode, copies, preempted)
+        return StepPlan(prefill, decode, copies, preempted, lookahead if decode else 1)
 
     def finish(self, seq: Sequence) -> None:
         """Release a finished (or aborted) sequence's blocks and drop it from the queues."""
@@ -88,21 +94,31 @@ class Scheduler:
 
     # ---- internals ---------------------------------------------------------------------------------
 
-    def _reserve_next_slot(self, seq: Sequence, copies: list[tuple[int, int]]) -> bool:
-        """Make the block that receives token `num_cached` writable by `seq` alone; False if out of blocks."""
-        idx = seq.num_cached // self.block_size
-        if idx < len(seq.block_table) and not self.allocator.is_shared(seq.block_table[idx]):
-            return True
-        if self.allocator.num_free == 0:
-            return False
-        (new,) = self.allocator.allocate(1)
-        if idx < len(seq.block_table):  # shared, partially filled: copy, then drop our reference to the original
-            old = seq.block_table[idx]
-            copies.append((old, new))
-            self.allocator.release([old])
-            seq.block_table[idx] = new
-        else:
-            seq.block_table.append(new)
+    def _blocks_touched(self, seq: Sequence, count: int) -> range:
+        """Indices into seq's block table of the blocks that receive its tokens num_cached .. + count - 1."""
+        return range(seq.num_cached // self.block_size, (seq.num_cached + count - 1) // self.block_size + 1)
+
+    def _new_blocks(self, count: int) -> int:
+        """Blocks the running sequences would take to reserve their next `count` slots (new or copied)."""
+        return sum(1 for seq in self.running for idx in self._blocks_touched(seq, count)
+                   if idx >= len(seq.block_table) or self.allocator.is_shared(seq.block_table[idx]))
+
+    def _reserve_slots(self, seq: Sequence, count: int, copies: list[tuple[int, int]]) -> bool:
+        """Make the blocks that receive seq's next `count` tokens writable by `seq` alone; False if out of blocks
+        (blocks reserved so far stay in its table)."""
+        for idx in self._blocks_touched(seq, count):
+            if idx < len(seq.block_table) and not self.allocator.is_shared(seq.block_table[idx]):
+                continue
+            if self.allocator.num_free == 0:
+                return False
+            (new,) = self.allocator.allocate(1)
+            if idx < len(seq.block_table):  # shared, partially filled: copy, then drop our reference to the original
+                old = seq.block_table[idx]
+                copies.append((old, new))
+                self.allocator.release([old])
+                seq.block_table[idx] = new
+            else:
+                seq.block_table.append(new)
         return True
 
     def _preempt(self, seq: Sequence) -> None:
