@@ -79,7 +79,7 @@ class RLModule(L.LightningModule):
         return RolloutEngine(self.model if model is None else model, tokenizer=self.tokenizer,
                              kv_budget_bytes=r.kv_budget_bytes, kv_fraction=r.kv_fraction, block_size=r.block_size,
                              max_batch_size=r.max_batch_size, cuda_graphs=r.cuda_graphs,
-                             deterministic=r.deterministic)
+                             deterministic=r.deterministic, decode_steps=r.decode_steps)
 
     def configure_optimizers(self):
         o = self.optim_cfg

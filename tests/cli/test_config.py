@@ -26,6 +26,7 @@ def test_default_config_composes_to_the_schema():
     (["quant=none"], lambda c: c.model.quant is None),
     (["experiment=smoke"], lambda c: c.trainer.max_steps == 2 and c.name == "smoke"),
     (["trainer.max_steps=7", "rollout.group_size=4"], lambda c: c.trainer.max_steps == 7),
+    (["rollout.decode_steps=4"], lambda c: c.rollout.decode_steps == 4),
 ])
 def test_overrides(overrides, check):
     cfg, _ = compose(overrides)
@@ -45,6 +46,7 @@ def test_print_config_subcommand():
     ("trainer.max_steps=abc", "trainer.max_steps"),
     ("algo.advantage=ppo2", "algo.advantage='ppo2' is not one of"),
     ("mode=fly", "mode='fly' is not one of"),
+    ("rollout.decode_steps=0", "rollout.decode_steps must be >= 1"),
 ])
 def test_bad_config_fails_at_startup_with_a_clear_message(arg, message):
     out = run_cli(arg)

@@ -34,6 +34,7 @@ class RolloutConfig:
     max_batch_size: int = 256
     cuda_graphs: bool = True
     deterministic: bool = False  # batch-invariant kernels: engine log-probs == trainer log-probs bit for bit
+    decode_steps: int | None = None  # tokens per sequence per engine step (multi-step decode); None: 8 on CUDA, else 1
     eval_k: int = 8  # samples per eval prompt for pass@k
     eval_temperature: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
@@ -43,3 +44,6 @@ class RolloutConfig:
             raise ValueError(f"rollout.group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.decode_steps is not None and self.decode_steps < 1:
+            raise ValueError(f"rollout.decode_steps must be >= 1 (or null for the device default), got "
+                             f"{self.decode_steps}")
