@@ -19,6 +19,8 @@ row in the batch, its left padding, Tq, or where the paged cache stores its keys
   so every rounding step is the one written here, in both variants.
 The math is flash attention's: s = (q . k) * scale in fp32 (log2(e) folded in, exp2), online softmax in fp32,
 p cast to the value dtype for the p @ v MMA, out = acc / l. A query that sees no key (left padding) gives 0.
+At small batch, decode may instead split each row's keys over programs (SPLIT; attention_split.py, flash
+decoding): deterministic, but rounded differently, so never in batch-invariant mode.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from .attention_split import CHUNK, merge_partials, num_splits, should_split
+from .mode import is_batch_invariant
 
 # The one tile config of every launch. 64 x 64 with 4 warps is a Hopper warpgroup MMA tile for prefill;
 # decode packs a GQA group's query heads as rows, so its extra MMA work hides under the key/value loads.
@@ -72,6 +77,10 @@ def _attn_kernel(
     st_b,
     st_w,
     s_ctx,
+    ml_ptr,
+    sml_b,
+    sml_h,
+    sml_s,
     PAGED: tl.constexpr,
     PAGE: tl.constexpr,
     DK: tl.constexpr,
@@ -81,9 +90,17 @@ def _attn_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     PREC: tl.constexpr,
+    SPLIT: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    """k/v strides (sk_0, sk_1) are (batch, position) for prefill and (block, slot) for the paged cache."""
-    pid_m = tl.program_id(0)
+    """k/v strides (sk_0, sk_1) are (batch, position) for prefill and (block, slot) for the paged cache.
+    SPLIT (paged only, see attention_split): o_ptr is fp32 partials [B, H, chunks, Dv] and ml_ptr [B, H, chunks, 2]."""
+    if SPLIT:  # dim 0 enumerates (key chunk, row tile) pairs
+        n_m = (rep + BM - 1) // BM
+        pid_m = tl.program_id(0) % n_m
+        chunk = tl.program_id(0) // n_m
+    else:
+        pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     r = pid_m * BM + tl.arange(0, BM)
@@ -96,13 +113,19 @@ def _attn_kernel(
         qpos = tl.zeros([BM], dtype=tl.int32) + (ctx - 1)
         start = 0
         n_keys = tl.minimum(ctx, n_table * PAGE)  # never read past the block table
-        t_end = n_keys
+        if SPLIT:  # CHUNK is a multiple of BN: the chunk's blocks are the unsplit loop's, masked alike
+            t_lo = chunk * CHUNK
+            t_end = tl.minimum(n_keys, t_lo + CHUNK)
+        else:
+            t_lo = 0
+            t_end = n_keys
     else:  # rows: consecutive queries of head pid_h, aligned to the end of the keys
         row_ok = r < Tq
         row_h = tl.zeros([BM], dtype=tl.int64) + pid_h
         row_t = r.to(tl.int64)
         kvh = pid_h // rep
         start = tl.load(start_ptr + b * s_start).to(tl.int32)
+        t_lo = 0
         qpos = Tk - Tq + r - start  # relative to the first unpadded key; < 0 for a left-pad query
         n_keys = Tk - start
         t_end = Tk - Tq + tl.minimum(pid_m * BM + BM, Tq) - start  # the tile's last visible key + 1
@@ -116,7 +139,7 @@ def _attn_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, DV_PAD], dtype=tl.float32)
-    for t0 in range(0, t_end, BN):
+    for t0 in range(t_lo, t_end, BN):
         t = t0 + tl.arange(0, BN)  # logical key indices
         t_ok = t < n_keys
         if PAGED:
@@ -142,20 +165,29 @@ def _attn_kernel(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(q.dtype), vb.to(q.dtype), acc, input_precision=PREC)
         m_i = m_new
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row that saw no key has acc = 0 and outputs 0
-    o_rows = o_ptr + b * so_b + row_h * so_h + row_t * so_t
-    tl.store(
-        o_rows[:, None] + dv[None, :] * so_d,
-        out.to(o_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & (dv < DV)[None, :],
-    )
+    if SPLIT:  # unnormalized fp32 partials; a chunk past the row's keys stores nothing (the merge skips it)
+        keep = r < tl.where(t_lo < n_keys, rep, 0)  # row_ok, or no row (`row_ok & scalar` breaks the interpreter)
+        o_rows = o_ptr + b * so_b + row_h * so_h + chunk * so_t
+        tl.store(o_rows[:, None] + dv[None, :] * so_d, acc, mask=keep[:, None] & (dv < DV)[None, :])
+        ml_rows = ml_ptr + b * sml_b + row_h * sml_h + chunk * sml_s
+        tl.store(ml_rows, m_i, mask=keep)
+        tl.store(ml_rows + 1, l_i, mask=keep)
+    else:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row that saw no key has acc = 0 and outputs 0
+        o_rows = o_ptr + b * so_b + row_h * so_h + row_t * so_t
+        tl.store(
+            o_rows[:, None] + dv[None, :] * so_d,
+            out.to(o_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & (dv < DV)[None, :],
+        )
 
 
 def _pad(d: int) -> int:
     return max(16, triton.next_power_of_2(d))  # tl.dot needs every dim >= 16
 
 
-def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides, v_strides, paged, page):
+def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides, v_strides, paged, page, ml=None):
+    """ml: the split path's [B, H, chunks, 2] (m, l) buffer; `out` is then the fp32 partial acc."""
     _attn_kernel[grid](
         q,
         k,
@@ -176,6 +208,8 @@ def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides
         start.stride(0),
         *table.stride(),
         ctx.stride(0),
+        out if ml is None else ml,
+        *(ml.stride()[:3] if ml is not None else (0, 0, 0)),
         PAGED=paged,
         PAGE=page,
         DK=q.shape[-1],
@@ -186,6 +220,8 @@ def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides
         BN=_BLOCK_N,
         # fp32 inputs ask for true fp32 products; Triton would otherwise use tf32 tensor cores.
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        SPLIT=ml is not None,
+        CHUNK=CHUNK,
         num_warps=_NUM_WARPS,
         num_stages=_NUM_STAGES,
         enable_fp_fusion=False,
@@ -248,14 +284,25 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, kv_start: Tensor | 
 
 
 def paged_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor, scale: float
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    scale: float,
+    split: bool | None = None,
 ) -> Tensor:
     """Decode attention of each sequence's one new query over its paged keys (the new key already written).
 
     q [B, H, 1, Dk]; k_cache [blocks, block_size, Hkv, Dk], v_cache [blocks, block_size, Hkv, Dv]; block_tables
     [B, W] int (key j of sequence b is k_cache[block_tables[b, j // block_size], j % block_size]); context_lens
     [B] int (keys 0..ctx-1 are attended; 0 gives zeros). Returns [B, H, 1, Dv] in q.dtype. No host syncs:
-    CUDA-graph capturable, and a row equals `attention`'s row for the same query and keys bit for bit.
+    CUDA-graph capturable.
+
+    split: walk each row's keys in CHUNK-key chunks on parallel programs and merge them (attention_split; for
+    small batches with long key spans). False: never, and a row equals `attention`'s row for the same query
+    and keys bit for bit (the batch-invariant path). None: False in batch-invariant mode, else decided from
+    the shapes (B, Hkv, W * block_size), never from context_lens. True: always (for tests and benchmarks).
     """
     _check_dtypes(q, k_cache, v_cache)
     if q.dim() != 4 or q.shape[2] != 1:
@@ -275,15 +322,28 @@ def paged_attention(
         raise ValueError(f"block_tables must be [B, W], got {list(block_tables.shape)}")
     _check_index(block_tables, (bsz, block_tables.shape[1]), "block_tables", q.device)
     _check_index(context_lens, (bsz,), "context_lens", q.device)
-    out = torch.empty((bsz, h, 1, v_cache.shape[3]), dtype=q.dtype, device=q.device)
-    if out.numel():
-        rep = h // hkv
-        _launch(
-            (triton.cdiv(rep, _BLOCK_M), hkv, bsz),
-            q, k_cache, v_cache, out, context_lens, block_tables, context_lens,
-            scale, rep, 1, 0,
-            (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3)),
-            (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3)),
-            paged=True, page=page,
-        )  # fmt: skip
+    dv = v_cache.shape[3]
+    out = torch.empty((bsz, h, 1, dv), dtype=q.dtype, device=q.device)
+    if not out.numel():
+        return out
+    rep = h // hkv
+    tiles = triton.cdiv(rep, _BLOCK_M)
+    max_keys = block_tables.shape[1] * page
+    if split is None:
+        split = not is_batch_invariant() and should_split(bsz * hkv * tiles, max_keys, q.device)
+    chunks = num_splits(max_keys) if split else 1
+    dst, ml = out, None
+    if split:
+        dst = torch.empty((bsz, h, chunks, dv), dtype=torch.float32, device=q.device)
+        ml = torch.empty((bsz, h, chunks, 2), dtype=torch.float32, device=q.device)
+    _launch(
+        (tiles * chunks, hkv, bsz),
+        q, k_cache, v_cache, dst, context_lens, block_tables, context_lens,
+        scale, rep, 1, 0,
+        (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3)),
+        (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3)),
+        paged=True, page=page, ml=ml,
+    )  # fmt: skip
+    if split:
+        merge_partials(dst, ml, out, context_lens, block_tables.shape[1], page)
     return out

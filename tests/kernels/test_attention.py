@@ -9,12 +9,15 @@ each softmax weight p to the input dtype for the p @ v product (unit roundoff u;
 unrounded sum, like flash attention), which moves the output by at most u * vmax, and rounds the output once
 (u * |out|). Everything else is fp32: score errors of ~1e-7 relative and exp2's approximation (2^-22 on the
 GPU) perturb p by ~1e-6 relative. So |out - ref| <= u * vmax + u * |ref| + ~1e-6 * vmax; the tests allow
-(2u + 1e-5) * vmax + u * |ref|.
+(2u + 1e-5) * vmax + u * |ref|. The split (flash-decoding) path rounds each p relative to its chunk's max
+instead (still p <= 1, so still u * vmax) and merges the chunks in fp32 (weights <= 1, a few fp32 ulps), so
+the same bound holds; a split and an unsplit output, each within it of the reference, differ by at most twice it.
 """
 
 import pytest
 import torch
 import torch.nn.functional as F
+from orbit_lightning.kernels.attention_split import CHUNK, should_split
 
 from orbit_lightning import kernels
 
@@ -45,10 +48,10 @@ def _reference(q, k, v, scale, kv_start=None):
     return torch.where(allowed.any(-1, keepdim=True), out, 0.0)  # SDPA gives NaN for a row with no key
 
 
-def _assert_close(out, ref, v):
+def _assert_close(out, ref, v, slack=1.0):
     assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     u = ROUNDOFF[out.dtype]
-    bound = (2 * u + 1e-5) * v.abs().max().double() + u * ref.abs()
+    bound = slack * ((2 * u + 1e-5) * v.abs().max().double() + u * ref.abs())
     err = (out.double() - ref).abs()
     assert not out.isnan().any()
     assert (err <= bound).all(), f"max error {err.max().item():.3e}, bound at worst {(err - bound).max().item():.3e}"
@@ -77,7 +80,7 @@ def _paged(k_seq, v_seq, lens, page, num_blocks, seed):
 def _check_rows_invariant(n, h, hkv, dk, dv, dtype, device):
     """A length-n sequence's output rows must be bitwise the same scored alone, as a suffix (Tq < Tk),
     left-padded in a batch, decoded token by token through a shuffled paged cache, and decoded in a batch
-    through another cache layout."""
+    through another cache layout. Decode is unsplit (split=False), the batch-invariant path."""
     scale = dk**-0.5
     q = _bhtd(1, n, h, dk, seed=15, device=device, dtype=dtype)
     k = _bhtd(1, n, hkv, dk, seed=16, device=device, dtype=dtype)
@@ -109,7 +112,7 @@ def _check_rows_invariant(n, h, hkv, dk, dv, dtype, device):
         blk = blocks[i // page].item()
         k_cache[blk, i % page], v_cache[blk, i % page] = k[0, :, i], v[0, :, i]
         ctx = torch.tensor([i + 1], device=device)
-        step = kernels.paged_attention(q[:, :, i : i + 1], k_cache, v_cache, table, ctx, scale)
+        step = kernels.paged_attention(q[:, :, i : i + 1], k_cache, v_cache, table, ctx, scale, split=False)
         assert torch.equal(step[0, :, 0], alone[:, i]), f"decode step {i}"
 
     # 40 shuffled positions decoded as one batch through another layout (block size 32, NaN-filled cache).
@@ -117,7 +120,7 @@ def _check_rows_invariant(n, h, hkv, dk, dv, dtype, device):
     k_many, v_many = k.expand(40, -1, -1, -1), v.expand(40, -1, -1, -1)
     k_cache, v_cache, table = _paged(k_many, v_many, (sel + 1).tolist(), 32, num_blocks=40 * -(-n // 32), seed=20)
     qs = q[0][:, sel.to(device)].transpose(0, 1)[:, :, None]  # [40, H, 1, Dk]: the query at position sel[b]
-    out = kernels.paged_attention(qs, k_cache, v_cache, table, (sel + 1).to(device), scale)
+    out = kernels.paged_attention(qs, k_cache, v_cache, table, (sel + 1).to(device), scale, split=False)
     assert torch.equal(out[:, :, 0], alone[:, sel.to(device)].transpose(0, 1)), "batched decode"
 
 
@@ -197,6 +200,73 @@ def test_rows_are_bitwise_invariant_in_interpreter():
     _check_rows_invariant(150, 4, 2, 24, 16, torch.float32, "cpu")
 
 
+# Empty, one key, exactly one chunk, one key into the second, several chunks next to a short row.
+SPLIT_LENS = [0, 1, CHUNK, CHUNK + 1, 2 * CHUNK + 37, 70]
+
+
+def _split_case(lens, h, hkv, dk, dv, page, dtype, seed=30):
+    k_seq = _randn(len(lens), hkv, max(lens), dk, seed=seed, dtype=dtype)
+    v_seq = _randn(len(lens), hkv, max(lens), dv, seed=seed + 1, dtype=dtype)
+    q = _bhtd(len(lens), 1, h, dk, seed=seed + 2, dtype=dtype) * 2  # a sharper softmax: chunk maxima differ
+    k_cache, v_cache, table = _paged(k_seq, v_seq, lens, page, num_blocks=sum(lens) // page + len(lens), seed=seed)
+    return q, k_seq, v_seq, k_cache, v_cache, table
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+@pytest.mark.parametrize(
+    ("h", "hkv", "dk", "dv", "page", "dtype"),
+    [
+        (4, 2, 32, 16, 16, torch.float32),  # GQA 2
+        (8, 1, 24, 16, 8, torch.float16),  # GQA 8 packed as rows; Dk != Dv, Dk padded (MLA's 192/128)
+        (66, 1, 16, 16, 16, torch.float32),  # GQA 66: two row tiles, the second with 2 rows
+        (2, 1, 192, 128, 16, torch.float16),  # MLA's real head dims
+    ],
+)
+def test_split_decode_matches_reference(h, hkv, dk, dv, page, dtype):
+    q, k_seq, v_seq, k_cache, v_cache, table = _split_case(SPLIT_LENS, h, hkv, dk, dv, page, dtype)
+    ctx = torch.tensor(SPLIT_LENS)
+    out = kernels.paged_attention(q, k_cache, v_cache, table, ctx, dk**-0.5, split=True)
+    assert out.shape == (len(SPLIT_LENS), h, 1, dv) and out.dtype == dtype
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # no key: zeros, as unsplit
+    for b, n in enumerate(SPLIT_LENS[1:], 1):
+        ref = _reference(q[b : b + 1], k_seq[b : b + 1, :, :n], v_seq[b : b + 1, :, :n], dk**-0.5)
+        _assert_close(out[b : b + 1], ref, v_seq)
+    unsplit = kernels.paged_attention(q, k_cache, v_cache, table, ctx, dk**-0.5, split=False)
+    _assert_close(out, unsplit.double(), v_seq, slack=2)
+    assert torch.equal(out, kernels.paged_attention(q, k_cache, v_cache, table, ctx, dk**-0.5, split=True))
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+def test_split_chunks_past_the_context_are_no_ops():
+    # A wider block table adds chunks that no row reaches (and -1 entries): a row's chunks and their merge order
+    # are unchanged, so its output must be bitwise the same. Rows that end on, just past and far from a chunk
+    # boundary; 17 chunks in one row cross the merge's 16-chunk step.
+    lens = [CHUNK, CHUNK + 1, 5, 17 * CHUNK - 3]
+    q, _, v_seq, k_cache, v_cache, table = _split_case(lens, 2, 1, 16, 16, 64, torch.float32, seed=40)
+    ctx = torch.tensor(lens)
+    out = kernels.paged_attention(q, k_cache, v_cache, table, ctx, 0.25, split=True)
+    wide = torch.cat([table, torch.full((len(lens), 3 * CHUNK // 64), -1, dtype=table.dtype)], 1)
+    assert torch.equal(out, kernels.paged_attention(q, k_cache, v_cache, wide, ctx, 0.25, split=True))
+    _assert_close(out, kernels.paged_attention(q, k_cache, v_cache, table, ctx, 0.25, split=False).double(), v_seq, 2)
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+def test_split_dispatch():
+    cpu = torch.device("cpu")  # decided as for an H200's 132 SMs
+    assert should_split(8, 576, cpu)  # Qwen3-8B at batch 1: 8 programs
+    assert should_split(64, 4096, cpu)  # batch 8
+    assert not should_split(8, CHUNK, cpu)  # one chunk: nothing to split
+    assert not should_split(128, 4096, cpu)  # batch 16 already reaches most SMs
+    lens = [CHUNK + 40, 3]
+    q, _, _, k_cache, v_cache, table = _split_case(lens, 4, 2, 16, 16, 16, torch.float32, seed=50)
+    args = (q, k_cache, v_cache, table, torch.tensor(lens), 0.25)
+    split, unsplit = kernels.paged_attention(*args, split=True), kernels.paged_attention(*args, split=False)
+    assert not torch.equal(split, unsplit), "the case must tell the two paths apart"
+    assert torch.equal(kernels.paged_attention(*args), split)  # 2 x 2 programs, 2 chunks: split
+    with kernels.batch_invariant():
+        assert torch.equal(kernels.paged_attention(*args), unsplit)  # never split in batch-invariant mode
+
+
 def test_input_validation():
     q, k, v = torch.zeros(1, 3, 4, 16), torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16)
     with pytest.raises(ValueError, match="H % Hkv"):
@@ -273,5 +343,33 @@ def test_paged_attention_cuda_graph_gpu():
         graph.replay()
         assert torch.equal(static_out, kernels.paged_attention(q, k_cache, v_cache, table, ctx, scale))
         for b, n in enumerate(new_lens):
+            ref = _reference(q[b : b + 1], k_seq[b : b + 1, :, :n], v_seq[b : b + 1, :, :n], scale)
+            _assert_close(static_out[b : b + 1], ref, v_seq)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_split_paged_attention_cuda_graph_gpu():
+    h, hkv, d = GPU_SHAPES["qwen3"][:3]
+    n_max, page, scale = 4 * CHUNK, 16, d**-0.5  # the block table's width: 4 chunks per row
+    k_seq = _randn(3, hkv, n_max, d, seed=30, device="cuda", dtype=torch.bfloat16)
+    v_seq = _randn(3, hkv, n_max, d, seed=31, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache, table = _paged(k_seq, v_seq, [n_max] * 3, page, num_blocks=200, seed=32)
+    q = _bhtd(3, 1, h, d, seed=33, device="cuda", dtype=torch.bfloat16).contiguous()
+    ctx = torch.tensor([n_max, 3, CHUNK], device="cuda")  # the captured context lengths
+    kernels.paged_attention(q, k_cache, v_cache, table, ctx, scale, split=True)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = kernels.paged_attention(q, k_cache, v_cache, table, ctx, scale, split=True)
+    for seed, new_lens in ((34, [0, CHUNK + 1, 1]), (35, [n_max, 700, CHUNK - 1])):
+        q.copy_(_bhtd(3, 1, h, d, seed=seed, device="cuda", dtype=torch.bfloat16))
+        ctx.copy_(torch.tensor(new_lens))
+        graph.replay()
+        assert torch.equal(static_out, kernels.paged_attention(q, k_cache, v_cache, table, ctx, scale, split=True))
+        for b, n in enumerate(new_lens):
+            if n == 0:
+                assert torch.equal(static_out[b], torch.zeros_like(static_out[b]))
+                continue
             ref = _reference(q[b : b + 1], k_seq[b : b + 1, :, :n], v_seq[b : b + 1, :, :n], scale)
             _assert_close(static_out[b : b + 1], ref, v_seq)
