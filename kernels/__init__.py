@@ -10,6 +10,7 @@ On the CPU the kernels run under Triton's interpreter, which must be enabled bef
 imported: `TRITON_INTERPRET=1` in the environment (tests/kernels/conftest.py sets it).
 """
 
+from .activation import silu_mul
 from .attention import attention, paged_attention
 from .configs import TileConfig
 from .dequant_weight import dequantize
@@ -29,6 +30,7 @@ from .logsumexp import logsumexp
 from .lora import lora_add
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
 from .rmsnorm import rms_norm
+from .rope import rope
 from .sampling import sample
 
 __all__ = [
@@ -51,7 +53,9 @@ __all__ = [
     "lora_add",
     "paged_attention",
     "rms_norm",
+    "rope",
     "sample",
     "set_batch_invariant",
+    "silu_mul",
     "supports",
 ]

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .cache import AttentionContext
 from .config import ModelConfig
-from .layers import RMSNorm, Rotary, apply_rope
+from .layers import RMSNorm, Rotary, apply_rope_qk
 
 
 class GQAttention(nn.Module):
@@ -32,7 +32,7 @@ class GQAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope_qk(q, k, cos, sin)
         out = ctx.attend(self.layer_idx, q, k, v, self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -79,8 +79,7 @@ class MLAttention(nn.Module):
         kv = self.kv_b_proj(self.kv_a_layernorm(kv_latent)).view(b, t, self.n_heads, -1).transpose(1, 2)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         cos, sin = rope
-        q_rot = apply_rope(q_rot, cos, sin, self.interleave)
-        k_rot = apply_rope(k_rot.view(b, 1, t, self.rope_dim), cos, sin, self.interleave)
+        q_rot, k_rot = apply_rope_qk(q_rot, k_rot.view(b, 1, t, self.rope_dim), cos, sin, self.interleave)
         q = torch.cat([q_nope, q_rot], dim=-1)
         k = torch.cat([k_nope, k_rot.expand(b, self.n_heads, t, self.rope_dim)], dim=-1)
         out = ctx.attend(self.layer_idx, q, k, v, self.scale)

@@ -1,4 +1,10 @@
-"""Building blocks shared by every decoder: RMSNorm, rotary embeddings, the gated MLP."""
+"""Building blocks shared by every decoder: RMSNorm, rotary embeddings, the gated MLP.
+
+RoPE and SwiGLU's `silu(gate) * up` are chains of small elementwise torch ops (about 7 launches per tensor for
+RoPE, 2 for SwiGLU), which dominate decode at batch 1. Where no autograd graph is needed they run as one Triton
+launch each (`kernels.rope`, `kernels.silu_mul`), which reproduces torch's rounding steps bit for bit, so the
+torch path (training) and the fused one (rollout, no_grad scoring) agree exactly, in either mode.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..triton_kernels import kernels_module, kernels_run_on
 from . import invariant
 from .config import RopeConfig
+
+
+def _fused(x: Tensor, *others: Tensor, cuda_only: bool = False) -> bool:
+    """Whether an elementwise chain on `x` takes its one-launch kernel: never under autograd (the kernels have no
+    backward); else where RMSNorm takes its kernel: on CUDA, and in batch-invariant mode wherever the kernels run.
+    On the CPU that is Triton's interpreter: slow, and bitwise equal to torch only in fp32/fp16 (its bf16 casts
+    truncate), and not at all for `cuda_only` kernels."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others)):
+        return False
+    if x.is_cuda:
+        return x.dtype in (torch.bfloat16, torch.float16, torch.float32) and kernels_run_on(x.device)
+    return not cuda_only and x.dtype in (torch.float16, torch.float32) and invariant.use_kernels(x)
 
 
 class RMSNorm(nn.Module):
@@ -78,6 +97,21 @@ class Rotary(nn.Module):
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool = False) -> Tensor:
     """x [B, H, T, d]; cos/sin [B, T, d] (fp32). Returns x.dtype."""
+    if _fused(x, cos, sin):
+        return kernels_module().rope(x, None, cos, sin, interleave)[0]
+    return rope_reference(x, cos, sin, interleave)
+
+
+def apply_rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleave: bool = False) -> tuple[Tensor, Tensor]:
+    """`apply_rope` of q and k, in one launch where the kernel applies."""
+    if _fused(q, k, cos, sin):
+        return kernels_module().rope(q, k, cos, sin, interleave)
+    return rope_reference(q, cos, sin, interleave), rope_reference(k, cos, sin, interleave)
+
+
+def rope_reference(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool = False) -> Tensor:
+    """`apply_rope` by torch ops (differentiable). kernels/rope.py replays their roundings one by one: keep the
+    two in step."""
     cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
     if interleave:
         # Pairs (x0, x1), (x2, x3), ... share a frequency; the output lists evens then odds, which permutes
@@ -100,4 +134,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """`F.silu(gate) * up`, in one launch on CUDA where no autograd graph is needed. Not under the CPU interpreter:
+    its exp is numpy's, which differs from torch's CPU exp in the last bit."""
+    if gate.shape == up.shape and gate.dtype == up.dtype and _fused(gate, up, cuda_only=True):
+        return kernels_module().silu_mul(gate, up)
+    return F.silu(gate) * up

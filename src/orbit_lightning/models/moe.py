@@ -22,7 +22,7 @@ from ..quant.grouped import ExpertGroups, grouped_mm, torch_grouped_mm_blocker
 from ..triton_kernels import kernels_run_on
 from . import invariant
 from .config import ModelConfig
-from .layers import MLP
+from .layers import MLP, silu_mul
 
 DEFAULT_EXPERT_CHUNK = 4
 
@@ -138,7 +138,7 @@ def _expert_offsets(sorted_ids: Tensor, num_experts: int) -> Tensor:
 
 
 def _expert_mlp(experts: GroupedExperts, rows: Tensor, groups: ExpertGroups) -> Tensor:
-    h = F.silu(experts.linear("gate_proj", rows, groups)) * experts.linear("up_proj", rows, groups)
+    h = silu_mul(experts.linear("gate_proj", rows, groups), experts.linear("up_proj", rows, groups))
     return experts.linear("down_proj", h, groups)
 
 

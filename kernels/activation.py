@@ -1,0 +1,53 @@
+"""SwiGLU's `silu(gate) * up` in one launch, bitwise equal to torch's `F.silu(gate) * up` on CUDA.
+
+torch's CUDA silu computes `x / (1 + expf(-x))` in fp32 (its opmath for bf16/fp16 too) with nvcc's default
+math: the CUDA math library's expf (the code libdevice's `__nv_expf` holds), IEEE division, denormals kept.
+It rounds to the dtype, and the multiply by `up` computes in fp32 and rounds again. The kernel takes the same
+steps: libdevice exp (Triton's `tl.exp` is a bare ex2.approx), `div_rn` (its `/` is approximate), libdevice
+without flush-to-zero, and no mul+add contraction.
+Under Triton's interpreter (CPU), which cannot call libdevice, exp is numpy's, while torch's CPU silu uses its
+own vectorized exp: the two differ in the last fp32 bit, so CPU results are close, not bitwise equal.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra.cuda import libdevice
+
+from .gemm import INTERPRETED
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if LIBDEVICE:
+        e = libdevice.exp(-g)
+    else:
+        e = tl.exp(-g)
+    dt: tl.constexpr = o_ptr.dtype.element_ty
+    act = tl.div_rn(g, 1.0 + e).to(dt).to(tl.float32)  # F.silu's output, rounded to the dtype
+    tl.store(o_ptr + offs, (act * u).to(dt), mask=mask)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up for gate and up of one shape and dtype (bf16/fp16/fp32); returns a contiguous tensor."""
+    if gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device:
+        raise ValueError(f"silu_mul needs gate and up of one shape, dtype and device, got {tuple(gate.shape)} "
+                         f"{gate.dtype} {gate.device} and {tuple(up.shape)} {up.dtype} {up.device}")
+    if gate.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"silu_mul supports bf16, fp16 and fp32, got {gate.dtype}")
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    if n:
+        _silu_mul_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, n, BLOCK=_BLOCK, LIBDEVICE=not INTERPRETED,
+                                                   num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
+    return out
