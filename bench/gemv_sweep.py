@@ -26,7 +26,6 @@ import triton
 from orbit_lightning.kernels import configs, dequant_weight, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
-from orbit_lightning.kernels.tickets import tickets as device_tickets
 
 from orbit_lightning import kernels
 from orbit_lightning.quant.formats import get_format
@@ -82,7 +81,7 @@ def fma_variants(bm: int) -> dict[str, GemvConfig]:
 
 
 def tickets(n: int) -> torch.Tensor:
-    return device_tickets(torch.device("cuda", torch.cuda.current_device()), n)
+    return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
 
 
 def run_gemv(x: torch.Tensor, w, cfg: GemvConfig) -> torch.Tensor:

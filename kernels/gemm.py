@@ -20,7 +20,6 @@ from .dequant import dequant_tile, load_scales
 from .formats import INT4, PLAIN, PackedWeight
 from .gemv import gemv
 from .lora import LoraTerm
-from .tickets import tickets
 
 
 @triton.jit
@@ -150,6 +149,20 @@ def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
 # Kernels decorated while TRITON_INTERPRET=1 was set run on the CPU through Triton's interpreter.
 INTERPRETED = type(_dense_kernel).__name__ == "InterpretedFunction"
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_TICKETS: dict[tuple[torch.device, int], Tensor] = {}
+
+
+def _tickets(device: torch.device, n: int) -> Tensor:
+    """Zeroed int32 split-K tickets, one buffer per (device, stream); each kernel re-zeroes what it used."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _TICKETS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _TICKETS[key] = buf
+    return buf
+
+
 def check_activation(a: Tensor, w: PackedWeight, dx: bool, what: str) -> None:
     if a.dtype not in _ACT_DTYPES:
         raise TypeError(f"{what} must be bf16, fp16 or fp32, got {a.dtype}")
@@ -208,7 +221,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         gcfg = pick_gemv(m, a.device, a.dtype, packed_int4)
         if gcfg is not None:
             a2 = a2 if a2.stride(1) == 1 else a2.contiguous()
-            gemv(a2, w, out, gcfg, lambda n: tickets(a.device, n), packed_int4, lora=lora)
+            gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4, lora=lora)
             return out.reshape(*lead, p)
     cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
@@ -217,12 +230,12 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
     split = triton.cdiv(r, r_per_split)  # no empty splits
     if split > 1:
         ws = torch.empty((split, m, p), dtype=torch.float32, device=a.device)
-        cnt = tickets(a.device, n_tiles)
+        tickets = _tickets(a.device, n_tiles)
     else:
-        ws = cnt = out  # unused by the kernel without a split
+        ws = tickets = out  # unused by the kernel without a split
     gs = w.global_scale if w.global_scale is not None else w.scale
     _dense_kernel[(n_tiles, split)](
-        a2, w.values, w.scale, gs, out, ws, cnt,
+        a2, w.values, w.scale, gs, out, ws, tickets,
         m, p, r, w.n, w.k, w.scale.shape[-1], r_per_split, split,
         a2.stride(0), a2.stride(1), w.values.stride(0), w.scale.stride(0), out.stride(0), out.stride(1),
         FMT=w.fmt.code, GROUP=w.group, DX=dx, SWAP=cfg.swap_ab, SPLIT=split > 1,

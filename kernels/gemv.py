@@ -191,13 +191,13 @@ def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.
 
 
 @triton.jit
-def _out_tile(acc, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_rank, stride_lbn,
+def _out_tile(acc, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_slices, lora_rank, stride_lbn,
               OUT: tl.constexpr, LORA: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
     """The final [BN, BM] output tile of fp32 sums: rounded to OUT first, then (LORA) plus the rounded LoRA
     term, as lora_up adds it onto a stored output. Without LORA this is the plain cast."""
     y = acc.to(OUT)
     if LORA:
-        y += lora_delta(lw_ptr, lb_ptr, offs_n, offs_m, M, N, lora_rank, lora_scale, stride_lbn,
+        y += lora_delta(lw_ptr, lb_ptr, offs_n, offs_m, M, N, lora_rank, lora_slices, lora_scale, stride_lbn,
                         BN, BM, BR, OUT)  # fmt: skip
     return y
 
@@ -206,11 +206,11 @@ def _out_tile(acc, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_rank, 
 # scale row stride: unproven alignment makes the compiler load one scale per thread (2 bytes, not a
 # 16-byte vector of 8 groups), which is the register layout the decoder wants: thread (row, group) owns
 # the words of its group, so no scale is exchanged between threads before the decode.
-@triton.jit(do_not_specialize=["M", "n_splits", "stride_sn"])
+@triton.jit(do_not_specialize=["M", "n_splits", "stride_sn", "lora_slices"])
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                  M, N, K, n_groups, k_per_split, n_splits,
                  stride_xm, stride_wn, stride_sn, stride_om,
-                 lw_ptr, lb_ptr, lora_scale, lora_rank, stride_lbn,
+                 lw_ptr, lb_ptr, lora_scale, lora_slices, lora_rank, stride_lbn,
                  FMT: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, DOT: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr,
                  SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr,
@@ -297,7 +297,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
     mask = (offs_n[:, None] < N) & m_ok[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     if not SPLIT:
-        y = _out_tile(acc, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_rank, stride_lbn,
+        y = _out_tile(acc, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_slices, lora_rank, stride_lbn,
                       out_ptr.dtype.element_ty, LORA, BN, BM, BR)  # fmt: skip
         tl.store(out_ptrs, y, mask=mask)
     else:
@@ -313,7 +313,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
             for _ in range(n_splits):  # fixed order: the sum does not depend on arrival order
                 total += tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
                 part_ptrs += M * N
-            y = _out_tile(total, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_rank,
+            y = _out_tile(total, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_slices, lora_rank,
                           stride_lbn, out_ptr.dtype.element_ty, LORA, BN, BM, BR)  # fmt: skip
             tl.store(out_ptrs, y, mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
@@ -322,7 +322,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
 def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool,
          lora: LoraTerm | None = None) -> Tensor:
     """out[M, N] = x[M, K] @ W^T with the small-M kernel. x: [M, K] with unit stride along K; out: [M, N]
-    contiguous; tickets(n) returns a zeroed int32 ticket buffer of at least n entries (tickets.tickets);
+    contiguous; tickets(n) returns a zeroed int32 ticket buffer of at least n entries (gemm._tickets);
     fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only); lora: a LoRA
     term of these rows (lora.lora_down) that the epilogue adds as lora_up would add it to the plain output."""
     m, k = x.shape
@@ -356,6 +356,6 @@ def _lora_args(lora: LoraTerm | None, out: Tensor) -> dict:
     """_gemv_kernel's LoRA arguments; without a term, fixed placeholders (never read) so that the no-LoRA kernel
     stays one specialization."""
     if lora is None:
-        return dict(lw_ptr=out, lb_ptr=out, lora_scale=0.0, lora_rank=0, stride_lbn=0, LORA=False, BR=16)
-    return dict(lw_ptr=lora.t, lb_ptr=lora.b, lora_scale=lora.scale, lora_rank=lora.rank,
-                stride_lbn=lora.b.stride(0), LORA=True, BR=lora.t.shape[1])
+        return dict(lw_ptr=out, lb_ptr=out, lora_scale=0.0, lora_slices=0, lora_rank=0, stride_lbn=0, LORA=False, BR=16)
+    return dict(lw_ptr=lora.ws, lb_ptr=lora.b, lora_scale=lora.scale, lora_slices=lora.ws.shape[0],
+                lora_rank=lora.rank, stride_lbn=lora.b.stride(0), LORA=True, BR=lora.ws.shape[2])

@@ -3,18 +3,15 @@ the base's decode GEMV, whose epilogue takes the second half.
 
 Unfused, a LoRA layer at decode costs five tiny launches (two GEMMs, one of them split-K with its
 reduce, the scale, the add). Here `lora_down` computes the rank-r projection t = x A^T split over K (one
-K slice per program, fp32 partials); the last program of a row tile to finish (an ordered ticket, tickets.py)
-sums the partials, so the sum does not depend on arrival order, and stores t rounded to the adapter dtype
-like the F.linear it replaces: a `LoraTerm`. `lora_up` applies an N tile of B to t and adds onto y. The
-decode GEMV (gemv.py) can instead add the term where its output tile is final, with the same `lora_delta`, so
-y is written once and a LoRA linear costs two launches, not three. (The reduction sits in lora_down, not in
-every reader: a GEMV epilogue that summed K/256 partials one dependent load after another cost ~5 us per
-launch on the H200.)
+K slice per program, fp32 partials: a `LoraTerm`), and `lora_up` sums the partials in slice order
+(deterministic), rounds t to the adapter dtype like the F.linear it replaces, applies its N tile of B and
+adds onto y. The decode GEMV (gemv.py) can instead add the term where its output tile is final, with the
+same `lora_delta`, so y is written once and a LoRA linear costs two launches, not three.
 (One launch that recomputed t in every N program was measured at 17 us per layer on the H200: a long
 sequential K loop per program.)
 
 Rounding, the steps of `y + (F.linear(F.linear(x.to(A.dtype), A), B) * scale).to(y.dtype)`:
-  t = fp32 sum of the slice partials (a fixed tree order), rounded to the adapter dtype;
+  t = fp32 sum of the slice partials, in slice order, rounded to the adapter dtype;
   d = t B^T accumulated in fp32, rounded to the adapter dtype;
   d = fp32 (d * scale), rounded to y's dtype;
   out = y + d, rounded once in y's dtype (y already rounded to its dtype: the base's output).
@@ -31,20 +28,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tickets import tickets
-
 _BM, _BN, _BK = 16, 64, 256
-_SB = 16  # partials summed per load by the reducing program: [16, BM, BR] fp32 is 32 registers per thread
 MAX_ROWS = 64  # decode batches; larger ones keep torch's GEMMs
 
 
 @dataclass(frozen=True)
 class LoraTerm:
-    """The term scale * t @ B^T of one LoRA, half computed by `lora_down`: t = x A^T [M, BR] rounded to the
-    adapter dtype (BR: r padded to a power of two >= 16, tl.dot's minimum; ranks >= r are 0), and the B [N, r]
-    (unit stride along r) and scale of the up-projection that `lora_up` or the decode GEMV's epilogue applies."""
+    """The term scale * round(x A^T) @ B^T of one LoRA, half computed by `lora_down`: fp32 K-slice partials
+    ws [S, M, BR] of t = x A^T (BR: r padded to a power of two >= 16, tl.dot's minimum; ranks >= r are 0)
+    and the B [N, r] (unit stride along r) and scale of the up-projection that `lora_up` or the decode GEMV's
+    epilogue applies."""
 
-    t: Tensor
+    ws: Tensor
     b: Tensor
     scale: float
 
@@ -54,19 +49,18 @@ class LoraTerm:
 
     def check(self, m: int, n: int) -> None:
         """Raise unless the term adds onto an output of m rows and n columns."""
-        if self.t.shape[0] != m or self.b.shape[0] != n:
-            raise ValueError(f"LoRA term of {self.t.shape[0]} rows, B {tuple(self.b.shape)} does not fit an "
+        if self.ws.shape[1] != m or self.b.shape[0] != n:
+            raise ValueError(f"LoRA term of {self.ws.shape[1]} rows, B {tuple(self.b.shape)} does not fit an "
                              f"output [{m}, {n}]")  # fmt: skip
 
     def add_to(self, y: Tensor) -> Tensor:
         return lora_up(y, self)
 
 
-@triton.jit(do_not_specialize=["M", "S"])
-def _lora_down_kernel(x_ptr, a_ptr, ws_ptr, t_ptr, cnt_ptr, M, K, R, S, stride_xm, stride_am,
-                      BM: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr):
-    """Partial t_s = x[:, K-slice s] @ A[:, K-slice s]^T, fp32 [BM, BR], into ws[s] (one K slice per program);
-    the last program of the row tile sums all S partials and stores t in the adapter dtype."""
+@triton.jit(do_not_specialize=["M"])
+def _lora_down_kernel(x_ptr, a_ptr, ws_ptr, M, K, R, stride_xm, stride_am,
+                      BM: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr):
+    """Partial t_s = x[:, K-slice s] @ A[:, K-slice s]^T, fp32 [BM, BR], into ws[s] (one K slice per program)."""
     s = tl.program_id(0)
     pid_m = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -78,31 +72,20 @@ def _lora_down_kernel(x_ptr, a_ptr, ws_ptr, t_ptr, cnt_ptr, M, K, R, S, stride_x
                 other=0.0)
     t = tl.dot(x.to(a.dtype), tl.trans(a))
     tl.store(ws_ptr + (s * M + rows[:, None]) * BR + ranks[None, :], t, mask=rows[:, None] < M)
-    # The barrier orders every thread's partial store before the (single-thread) ticket, whose acq_rel
-    # ordering publishes them to the last arriver.
-    tl.debug_barrier()
-    ticket = tl.atomic_add(cnt_ptr + pid_m, 1, sem="acq_rel")
-    if ticket == S - 1:
-        total = tl.zeros((BM, BR), dtype=tl.float32)
-        for s0 in range(0, S, SB):  # SB partials per load (independent loads, not S dependent ones)
-            sl = s0 + tl.arange(0, SB)
-            part = tl.load(ws_ptr + (sl[:, None, None] * M + rows[None, :, None]) * BR + ranks[None, None, :],
-                           mask=(sl < S)[:, None, None] & (rows < M)[None, :, None], other=0.0,
-                           cache_modifier=".cg")  # fmt: skip
-            total += tl.sum(part, axis=0)
-        tl.store(t_ptr + rows[:, None] * BR + ranks[None, :], total.to(t_ptr.dtype.element_ty),
-                 mask=rows[:, None] < M)
-        tl.atomic_xchg(cnt_ptr + pid_m, 0)  # re-arm the ticket for the next launch
 
 
 @triton.jit
-def lora_delta(t_ptr, b_ptr, offs_n, offs_m, M, N, R, scale, stride_bn,
+def lora_delta(ws_ptr, b_ptr, offs_n, offs_m, M, N, R, S, scale, stride_bn,
                BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, OUT: tl.constexpr):
     """The LoRA term's [BN, BM] tile (transposed, like the GEMV's accumulator: columns offs_n, rows offs_m)
     in dtype OUT, rounded as the module docstring lists; 0 outside rows < M and columns < N. lora_up and the
     GEMV's epilogue both call it, so they add the same term by the same steps."""
     ranks = tl.arange(0, BR)
-    t = tl.load(t_ptr + offs_m[:, None] * BR + ranks[None, :], mask=(offs_m < M)[:, None], other=0.0)
+    t = tl.zeros((BM, BR), dtype=tl.float32)
+    t_ptrs = ws_ptr + offs_m[:, None] * BR + ranks[None, :]
+    for _ in range(0, S):  # slice order: the sum does not depend on which program wrote which slice first
+        t += tl.load(t_ptrs, mask=(offs_m < M)[:, None], other=0.0)
+        t_ptrs += M * BR
     b = tl.load(b_ptr + offs_n[:, None] * stride_bn + ranks[None, :],
                 mask=(offs_n[:, None] < N) & (ranks[None, :] < R), other=0.0)  # fmt: skip
     t = t.to(b.dtype)
@@ -113,8 +96,8 @@ def lora_delta(t_ptr, b_ptr, offs_n, offs_m, M, N, R, scale, stride_bn,
     return (d.to(b.dtype).to(tl.float32) * scale).to(OUT)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _lora_up_kernel(t_ptr, b_ptr, y_ptr, out_ptr, M, N, R, scale, stride_bn, stride_ym, stride_om,
+@triton.jit(do_not_specialize=["M", "S"])
+def _lora_up_kernel(ws_ptr, b_ptr, y_ptr, out_ptr, M, N, R, S, scale, stride_bn, stride_ym, stride_om,
                     BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
     """out = y + the LoRA term for one (N tile, row tile), handled transposed like the GEMV's output tiles."""
     pid_n = tl.program_id(0)
@@ -123,7 +106,7 @@ def _lora_up_kernel(t_ptr, b_ptr, y_ptr, out_ptr, M, N, R, scale, stride_bn, str
     offs_m = pid_m * BM + tl.arange(0, BM)
     mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
     y = tl.load(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], mask=mask, other=0.0)
-    y += lora_delta(t_ptr, b_ptr, offs_n, offs_m, M, N, R, scale, stride_bn, BN, BM, BR, y.dtype)
+    y += lora_delta(ws_ptr, b_ptr, offs_n, offs_m, M, N, R, S, scale, stride_bn, BN, BM, BR, y.dtype)
     tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], y, mask=mask)
 
 
@@ -141,14 +124,12 @@ def lora_down(x: Tensor, a: Tensor, b: Tensor, scale: float) -> LoraTerm:
         x2 = x2.contiguous()
     a = a.contiguous()
     br = max(16, triton.next_power_of_2(r))
-    slices, row_tiles = max(triton.cdiv(k, _BK), 1), triton.cdiv(m, _BM)
+    slices, row_tiles = triton.cdiv(k, _BK), triton.cdiv(m, _BM)
     ws = torch.empty((slices, m, br), dtype=torch.float32, device=x.device)
-    t = torch.empty((m, br), dtype=a.dtype, device=x.device)
     if m:
-        _lora_down_kernel[(slices, row_tiles)](x2, a, ws, t, tickets(x.device, row_tiles), m, k, r, slices,
-                                               x2.stride(0), a.stride(0), BM=_BM, BK=_BK, BR=br, SB=_SB,
-                                               num_warps=4)  # fmt: skip
-    return LoraTerm(t, b.contiguous(), scale)
+        _lora_down_kernel[(slices, row_tiles)](x2, a, ws, m, k, r, x2.stride(0), a.stride(0), BM=_BM, BK=_BK, BR=br,
+                                               num_warps=4)
+    return LoraTerm(ws, b.contiguous(), scale)
 
 
 def lora_up(y: Tensor, term: LoraTerm) -> Tensor:
@@ -162,9 +143,10 @@ def lora_up(y: Tensor, term: LoraTerm) -> Tensor:
         y2 = y2.contiguous()
     out = torch.empty_like(y2)
     if m:
+        slices, br = term.ws.shape[0], term.ws.shape[2]
         _lora_up_kernel[(triton.cdiv(n, _BN), triton.cdiv(m, _BM))](
-            term.t, term.b, y2, out, m, n, term.rank, term.scale, term.b.stride(0), y2.stride(0),
-            out.stride(0), BM=_BM, BN=_BN, BR=term.t.shape[1], num_warps=4)  # fmt: skip
+            term.ws, term.b, y2, out, m, n, term.rank, slices, term.scale, term.b.stride(0), y2.stride(0),
+            out.stride(0), BM=_BM, BN=_BN, BR=br, num_warps=4)  # fmt: skip
     return out.view(y.shape)
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from orbit_lightning.kernels import gemm, gemv, lora, tickets
+from orbit_lightning.kernels import gemm, gemv, lora
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 
@@ -46,7 +46,7 @@ def _fp32_rel(k: int) -> float:
 def _run(x, fmt, packed, cfg, term=None):
     w = resolve(fmt, packed, stacked=False)
     out = torch.empty((x.shape[0], w.n), dtype=x.dtype, device=x.device)
-    return gemv.gemv(x, w, out, cfg, lambda n: tickets.tickets(x.device, n), fast_int4=False, lora=term)
+    return gemv.gemv(x, w, out, cfg, lambda n: gemm._tickets(x.device, n), fast_int4=False, lora=term)
 
 
 @pytest.mark.usefixtures("cpu_kernels")
@@ -214,7 +214,7 @@ def _gpu(test):
 
 
 def _cuda_tickets(n: int) -> torch.Tensor:
-    return tickets.tickets(torch.device("cuda", torch.cuda.current_device()), n)
+    return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
 
 
 def _randn(*shape, seed=0):
