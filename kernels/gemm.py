@@ -19,7 +19,6 @@ from .configs import TileConfig, auto_split, pick_config, pick_gemv
 from .dequant import dequant_tile, load_scales
 from .formats import INT4, PLAIN, PackedWeight
 from .gemv import gemv
-from .lora import LoraTerm
 
 
 @triton.jit
@@ -192,16 +191,11 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None = None,
-               lora: LoraTerm | None = None) -> Tensor:
+def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None = None) -> Tensor:
     """out = a @ W^T (forward) or a @ W (dx=True), W dequantized in-kernel.
 
     a: [..., K] (forward) or [..., N] (dX), bf16/fp16/fp32; returns [..., N] or [..., K] in a.dtype.
-    lora (forward only): a LoRA term of these rows (lora.lora_down) added to out, in the small-M kernel's
-    epilogue where the rows go to that kernel, else by lora_up after the GEMM (one launch more).
     """
-    if lora is not None and dx:
-        raise ValueError("dense_gemm adds a LoRA term to the forward only")
     if w.experts is not None:
         raise ValueError("dense_gemm takes one matrix; use grouped_gemm for stacked experts")
     check_activation(a, w, dx, "dy" if dx else "x")
@@ -221,7 +215,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         gcfg = pick_gemv(m, a.device, a.dtype, packed_int4)
         if gcfg is not None:
             a2 = a2 if a2.stride(1) == 1 else a2.contiguous()
-            gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4, lora=lora)
+            gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4)
             return out.reshape(*lead, p)
     cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
@@ -243,5 +237,4 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         K_EVEN=k_even(w, cfg, dx), FAST_INT4=fast_int4(w, a.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    out = out.reshape(*lead, p)
-    return out if lora is None else lora.add_to(out)
+    return out.reshape(*lead, p)

@@ -18,14 +18,6 @@ Two ways to multiply the decoded tile (GemvConfig.dot):
 Either way each weight is the value the tl.dot kernels multiply (the same decoders, rounded to the
 activation dtype) and products are accumulated in fp32, so this is the same function as
 `gemm._dense_kernel`'s up to the order of the fp32 summation.
-
-A LoRA beside the base can ride along (LORA, from `gemv(..., lora=lora.lora_down(...))`): where an output
-tile is final (the no-split store, or the last split's ordered reduction) the tile is rounded to the output
-dtype and the LoRA term added by lora.lora_delta, lora_up's own steps (see lora.py), so a decode LoRA
-linear costs two launches instead of three and y is written once. The result is `lora_add` of the plain
-output: bitwise under the interpreter; on the GPU the rank-r dot may run on another MMA instruction than
-lora_up's (mma.sync here, wgmma there on Hopper), whose fp32 sums of r products may differ in the last bit.
-The epilogue is deterministic either way (slice-order sums, one program per tile).
 """
 
 from __future__ import annotations
@@ -46,7 +38,6 @@ from .dequant import (
     load_scales,
 )
 from .formats import PackedWeight
-from .lora import LoraTerm, lora_delta
 
 
 @triton.jit
@@ -190,31 +181,17 @@ def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.
     return _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, BN, BK)
 
 
-@triton.jit
-def _out_tile(acc, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_slices, lora_rank, stride_lbn,
-              OUT: tl.constexpr, LORA: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
-    """The final [BN, BM] output tile of fp32 sums: rounded to OUT first, then (LORA) plus the rounded LoRA
-    term, as lora_up adds it onto a stored output. Without LORA this is the plain cast."""
-    y = acc.to(OUT)
-    if LORA:
-        y += lora_delta(lw_ptr, lb_ptr, offs_n, offs_m, M, N, lora_rank, lora_slices, lora_scale, stride_lbn,
-                        BN, BM, BR, OUT)  # fmt: skip
-    return y
-
-
 # M and the split count are never specialized, so one binary serves every decode batch size. Nor is the
 # scale row stride: unproven alignment makes the compiler load one scale per thread (2 bytes, not a
 # 16-byte vector of 8 groups), which is the register layout the decoder wants: thread (row, group) owns
 # the words of its group, so no scale is exchanged between threads before the decode.
-@triton.jit(do_not_specialize=["M", "n_splits", "stride_sn", "lora_slices"])
+@triton.jit(do_not_specialize=["M", "n_splits", "stride_sn"])
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                  M, N, K, n_groups, k_per_split, n_splits,
                  stride_xm, stride_wn, stride_sn, stride_om,
-                 lw_ptr, lb_ptr, lora_scale, lora_slices, lora_rank, stride_lbn,
                  FMT: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, DOT: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr,
-                 SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr,
-                 LORA: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+                 SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -297,9 +274,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
     mask = (offs_n[:, None] < N) & m_ok[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     if not SPLIT:
-        y = _out_tile(acc, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_slices, lora_rank, stride_lbn,
-                      out_ptr.dtype.element_ty, LORA, BN, BM, BR)  # fmt: skip
-        tl.store(out_ptrs, y, mask=mask)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
         # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
@@ -313,18 +288,14 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
             for _ in range(n_splits):  # fixed order: the sum does not depend on arrival order
                 total += tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
                 part_ptrs += M * N
-            y = _out_tile(total, offs_n, offs_m, M, N, lw_ptr, lb_ptr, lora_scale, lora_slices, lora_rank,
-                          stride_lbn, out_ptr.dtype.element_ty, LORA, BN, BM, BR)  # fmt: skip
-            tl.store(out_ptrs, y, mask=mask)
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
 
 
-def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool,
-         lora: LoraTerm | None = None) -> Tensor:
+def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool) -> Tensor:
     """out[M, N] = x[M, K] @ W^T with the small-M kernel. x: [M, K] with unit stride along K; out: [M, N]
     contiguous; tickets(n) returns a zeroed int32 ticket buffer of at least n entries (gemm._tickets);
-    fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only); lora: a LoRA
-    term of these rows (lora.lora_down) that the epilogue adds as lora_up would add it to the plain output."""
+    fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only)."""
     m, k = x.shape
     n = w.n
     n_tiles = triton.cdiv(n, cfg.block_n)
@@ -337,25 +308,14 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
         cnt = tickets(n_tiles * m_tiles)
     else:
         ws = cnt = out  # unused without a split
-    if lora is not None:
-        lora.check(m, n)
     gs = w.global_scale if w.global_scale is not None else w.scale
     _gemv_kernel[(n_tiles, split, m_tiles)](
         x, w.values, w.scale, gs, out, ws, cnt,
         m, n, k, w.scale.shape[-1], k_per_split, split,
-        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0), **_lora_args(lora, out),
+        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0),
         FMT=w.fmt.code, GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, DOT=cfg.dot,
         K_EVEN=k % cfg.block_k == 0, FAST_INT4=fast_int4, SPLIT=split > 1, PREFETCH=cfg.prefetch,
         ONE_ROW=m == 1, TWO=cfg.dot and cfg.two_tiles,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     return out
-
-
-def _lora_args(lora: LoraTerm | None, out: Tensor) -> dict:
-    """_gemv_kernel's LoRA arguments; without a term, fixed placeholders (never read) so that the no-LoRA kernel
-    stays one specialization."""
-    if lora is None:
-        return dict(lw_ptr=out, lb_ptr=out, lora_scale=0.0, lora_slices=0, lora_rank=0, stride_lbn=0, LORA=False, BR=16)
-    return dict(lw_ptr=lora.ws, lb_ptr=lora.b, lora_scale=lora.scale, lora_slices=lora.ws.shape[0],
-                lora_rank=lora.rank, stride_lbn=lora.b.stride(0), LORA=True, BR=lora.ws.shape[2])

@@ -17,7 +17,6 @@ from .configs import TileConfig
 from .formats import plain, resolve
 from .gemm import INTERPRETED, dense_gemm
 from .grouped import grouped_gemm
-from .lora import LoraTerm
 
 if TYPE_CHECKING:  # the quant package imports these kernels, not the other way round
     from orbit_lightning.quant.formats import QuantFormat
@@ -32,12 +31,9 @@ def kernels_available(device: torch.device | str) -> bool:
 
 
 def dequant_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,
-                   config: TileConfig | None = None, lora: LoraTerm | None = None, **fmt_kw) -> Tensor:
-    """y = x @ W^T with W [N, K] decoded in-kernel. x: [..., K] bf16/fp16/fp32 -> y [..., N] in x.dtype.
-
-    lora: a LoRA term of these x (lora.lora_down) added to y: in the epilogue of the small-M kernel where
-    x goes to that kernel (one launch for both), else by lora_up after the GEMM (one launch more)."""
-    return dense_gemm(x, resolve(fmt, packed, stacked=False, **fmt_kw), dx=False, config=config, lora=lora)
+                   config: TileConfig | None = None, **fmt_kw) -> Tensor:
+    """y = x @ W^T with W [N, K] decoded in-kernel. x: [..., K] bf16/fp16/fp32 -> y [..., N] in x.dtype."""
+    return dense_gemm(x, resolve(fmt, packed, stacked=False, **fmt_kw), dx=False, config=config)
 
 
 def dequant_linear_dx(dy: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,

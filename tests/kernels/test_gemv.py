@@ -8,12 +8,11 @@ as in test_gpu.py, each weight rounds once to bf16 (2^-9), products are exact, t
 K * 2^-24 (< 2^-12 here) and the output rounds once (2^-9): 2^-8 (sum |x||w| + |ref|) holds with margin.
 """
 
-
 import pytest
 import torch
 import triton
 import triton.language as tl
-from orbit_lightning.kernels import gemm, gemv, lora
+from orbit_lightning.kernels import gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 
@@ -43,10 +42,10 @@ def _fp32_rel(k: int) -> float:
     return (k + 2) * 2.0**-24
 
 
-def _run(x, fmt, packed, cfg, term=None):
+def _run(x, fmt, packed, cfg):
     w = resolve(fmt, packed, stacked=False)
     out = torch.empty((x.shape[0], w.n), dtype=x.dtype, device=x.device)
-    return gemv.gemv(x, w, out, cfg, lambda n: gemm._tickets(x.device, n), fast_int4=False, lora=term)
+    return gemv.gemv(x, w, out, cfg, lambda n: gemm._tickets(x.device, n), fast_int4=False)
 
 
 @pytest.mark.usefixtures("cpu_kernels")
@@ -91,88 +90,6 @@ def test_dense_gemm_routes_small_m_to_gemv_outside_invariant_mode(monkeypatch):
     with kernels.batch_invariant():
         kernels.int4_linear(x[0, :1], packed)  # invariant mode: the one fixed tile config
     assert calls == [6]
-
-
-# ------------------------------------------------------------------------------------ LoRA epilogue
-SCALE = 1.7
-
-
-def _lora_inputs(m, k, n, r, dtype, seed=0, device="cpu"):
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(m, k, generator=g, device=device).to(dtype)
-    a = (0.2 * torch.randn(r, k, generator=g, device=device)).to(dtype)
-    b = (0.2 * torch.randn(n, r, generator=g, device=device)).to(dtype)
-    return x, a, b
-
-
-@pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("variant", ["dot", "dot-split"])
-@pytest.mark.parametrize("fmt", list(SHAPES))
-def test_gemv_lora_epilogue_is_bitwise_lora_add(fmt, variant, dtype):
-    # Bitwise: both round the same fp32 tile to the output dtype, then add lora.lora_delta of the same partials
-    # (slice-order sum, the same roundings); its t B^T is a tl.dot, which the interpreter (numpy's matmul) sums
-    # in rank order whatever the tile shape, so the GEMV's 16-wide tiles and lora_up's 64-wide ones agree.
-    n, k = SHAPES[fmt]
-    packed, _ = random_weight(fmt, (n, k), seed=1)
-    for m in (1, 16):
-        x, a, b = _lora_inputs(m, k, n, 5, dtype, seed=m)
-        plain = _run(x, fmt, packed, CPU_CONFIGS[variant])
-        fused = _run(x, fmt, packed, CPU_CONFIGS[variant], lora.lora_down(x, a, b, SCALE))
-        assert torch.equal(fused, lora.lora_add(plain, x, a, b, SCALE))
-
-
-@pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("variant", ["dot-two", "dot-two-noprefetch", "fma", "fma-split"])
-def test_gemv_lora_epilogue_other_configs(variant):
-    n, k, r = 37, 224, 16
-    packed, _ = random_weight("int4", (n, k), seed=6)
-    cfg = CPU_CONFIGS[variant]
-    for m in (1, 16):
-        x, a, b = _lora_inputs(m, k, n, r, torch.float32, seed=m)
-        want = lora.lora_add(_run(x, "int4", packed, cfg), x, a, b, SCALE)
-        fused = _run(x, "int4", packed, cfg, lora.lora_down(x, a, b, SCALE))
-        if cfg.dot:
-            assert torch.equal(fused, want)
-        else:
-            # FMA tiles may be narrower than tl.dot's 16 rows, so the rank sum runs in registers (tl.sum) in
-            # another order than lora_up's dot: fp32 sums of r products differ by <= r ulps of sum |t||b|, and
-            # the delta's and the output's roundings add one ulp each.
-            t = x.double() @ a.double().T
-            bound = (r + 2) * 2.0**-23 * (SCALE * t.abs() @ b.double().abs().T + want.double().abs())
-            assert_within(fused, want.double(), bound)
-
-
-@pytest.mark.usefixtures("cpu_kernels")
-def test_gemv_lora_epilogue_rejects_a_term_of_other_rows():
-    packed, _ = random_weight("int4", (24, 64), seed=4)
-    x, a, b = _lora_inputs(3, 64, 24, 4, torch.float32)
-    with pytest.raises(ValueError, match="does not fit"):
-        _run(x[:2], "int4", packed, CPU_CONFIGS["dot"], lora.lora_down(x, a, b, SCALE))
-
-
-@pytest.mark.usefixtures("cpu_kernels")
-def test_dequant_linear_adds_lora_in_the_gemv_where_it_routes_there(monkeypatch):
-    packed, _ = random_weight("int4", (24, 64), seed=4)
-    calls = []
-    real_gemv, real_up = gemv.gemv, lora.lora_up
-    monkeypatch.setattr(gemm, "gemv", lambda *a, **kw: calls.append(("gemv", kw["lora"] is not None))
-                        or real_gemv(*a, **kw))  # fmt: skip
-    monkeypatch.setattr(lora, "lora_up", lambda *a: calls.append(("lora_up",)) or real_up(*a))
-    for m, kw, route in [(6, {}, [("gemv", True)]),  # decode: one launch for y and the LoRA
-                         (17, {}, [("lora_up",)]),  # above the decode bucket: the tile GEMM, then lora_up
-                         (6, {"config": kernels.TileConfig(16, 32, 32)}, [("lora_up",)])]:  # fmt: skip
-        calls.clear()
-        x, a, b = _lora_inputs(m, 64, 24, 4, torch.float32, seed=m)
-        y = kernels.dequant_linear(x.view(2, m // 2, 64) if m == 6 else x, "int4", packed,
-                                   lora=lora.lora_down(x, a, b, SCALE), **kw).reshape(m, 24)  # fmt: skip
-        assert calls == route
-        assert torch.equal(y, lora.lora_add(kernels.int4_linear(x, packed, **kw), x, a, b, SCALE))
-    calls.clear()
-    with kernels.batch_invariant():  # its one fixed tile config, never the GEMV
-        x, a, b = _lora_inputs(1, 64, 24, 4, torch.float32)
-        kernels.dequant_linear(x, "int4", packed, lora=lora.lora_down(x, a, b, SCALE))
-    assert calls == [("lora_up",)]
 
 
 @triton.jit
@@ -268,45 +185,3 @@ def test_gpu_decode_is_deterministic_and_graph_capturable():
             static_x.copy_(_randn(m, 4096, seed=seed).bfloat16())
             graph.replay()
             assert torch.equal(static_y, kernels.int4_linear(static_x, packed))
-
-
-def _gpu_fused(x, wk, cfg, fast, a, b):
-    out = torch.empty(x.shape[0], wk.n, dtype=x.dtype, device="cuda")
-    return gemv.gemv(x, wk, out, cfg, _cuda_tickets, fast_int4=fast, lora=lora.lora_down(x, a, b, SCALE))
-
-
-@_gpu
-@pytest.mark.parametrize("fmt", list(GPU_SHAPES))
-def test_gpu_bf16_lora_epilogue_against_fp64(fmt):
-    n, k = GPU_SHAPES[fmt]
-    packed, w = random_weight(fmt, (n, k), seed=1, device="cuda")
-    wk = resolve(fmt, packed, stacked=False)
-    for m in (1, 16):
-        x, a, b = (t.bfloat16() for t in _lora_inputs(m, k, n, 16, torch.float32, seed=m, device="cuda"))
-        xd, ad, bd = x.double(), a.double(), b.double()
-        ref = xd @ w.T + SCALE * (xd @ ad.T) @ bd.T
-        # Base as in test_gpu_bf16_against_fp64; the LoRA term rounds t, t B^T and its scaled value to bf16
-        # (2^-9 each, so 2^-7 of SCALE |x||A^T||B^T| bounds them) and the sum once more (in the |ref| term).
-        bound = matmul_bound(x, w, ref, 2.0**-8) + 2.0**-7 * SCALE * (xd.abs() @ ad.abs().T) @ bd.abs().T
-        for cfg in (GemvConfig(16, 32, 128, k_iters=2), GemvConfig(16, 32, 128, k_iters=64)):  # split, no split
-            for fast in {False, gemm.fast_int4(wk, x.dtype)}:
-                y = _gpu_fused(x, wk, cfg, fast, a, b)
-                assert_within(y, ref, bound)
-                # the ordered split reduction and the epilogue: the same bits every run
-                assert torch.equal(y, _gpu_fused(x, wk, cfg, fast, a, b))
-
-
-@_gpu
-def test_gpu_lora_decode_is_graph_capturable():
-    packed, w = random_weight("int4", (1024, 4096), seed=9, device="cuda")
-    x, a, b = (t.bfloat16() for t in _lora_inputs(1, 4096, 1024, 16, torch.float32, device="cuda"))
-    fused = lambda: kernels.dequant_linear(x, "int4", packed, lora=lora.lora_down(x, a, b, SCALE))
-    eager = fused()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = fused()
-    for seed in (11, 12):  # replays with new inputs re-arm the tickets
-        x.copy_(_randn(1, 4096, seed=seed).bfloat16())
-        graph.replay()
-        assert torch.equal(static_y, fused())
-    assert not torch.equal(static_y, eager)

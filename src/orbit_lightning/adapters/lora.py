@@ -11,7 +11,6 @@ from torch import Tensor, nn
 from ..models import invariant
 from ..models.moe import Experts, dispatch_experts
 from ..quant.grouped import ExpertGroups, grouped_mm
-from ..quant.linear import QuantLinear
 from ..triton_kernels import kernels_module, kernels_run_on
 from .slots import AdapterLayer, AdapterState
 
@@ -50,35 +49,25 @@ class LoraLinear(AdapterLayer):
         self.in_features, self.out_features = k, n
 
     def forward(self, x: Tensor) -> Tensor:
+        y = self.base_layer(x)
         t = self.active_tensors()
         if t is None:
-            return self.base_layer(x)
+            return y
         a, b = t["lora_A"], t["lora_B"]
         if _fused_decode(x, a, self.dropout):
-            return _decode_lora(self.base_layer, x, a, b, self.scaling)
-        y = self.base_layer(x)
+            return kernels_module().lora_add(y, x, a, b, self.scaling)
         delta = F.linear(F.linear(self.dropout(x).to(a.dtype), a), b)
         return y + (delta * self.scaling).to(y.dtype)
 
 
 def _fused_decode(x: Tensor, a: Tensor, dropout: nn.Module) -> bool:
-    """Decode-sized inference on CUDA takes the fused LoRA kernels; training (autograd, through A or x), batch-
-    invariant mode (which routes the two F.linear calls to its fixed-tile kernel) and large batches keep torch's
-    ops."""
-    if not x.is_cuda or isinstance(dropout, nn.Dropout):
-        return False
-    if torch.is_grad_enabled() and (a.requires_grad or x.requires_grad):
+    """Decode-sized inference on CUDA takes the one-launch LoRA kernel; training (autograd), batch-invariant
+    mode (which routes the two F.linear calls to its fixed-tile kernel) and large batches keep torch's ops."""
+    if not x.is_cuda or isinstance(dropout, nn.Dropout) or (torch.is_grad_enabled() and a.requires_grad):
         return False
     if x.numel() > 64 * x.shape[-1] or invariant.active():
         return False
     return kernels_run_on(x.device)
-
-
-def _decode_lora(base: nn.Module, x: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor:
-    """base(x) + scale * B(A x) at decode: lora_down first (one launch), then a packed base adds the term in its
-    decode GEMV's epilogue (one launch for y and the LoRA), or lora_up adds it onto y (one launch more)."""
-    term = kernels_module().lora.lora_down(x, a, b, scale)
-    return base(x, lora=term) if isinstance(base, QuantLinear) else term.add_to(base(x))
 
 
 class LoraExperts(AdapterLayer):

@@ -63,16 +63,14 @@ def _dense_weight(layer, dtype: torch.dtype, k) -> Tensor:
     return k.dequantize(layer.fmt, layer.packed(), dtype) if k is not None else layer.dequantize(dtype)
 
 
-def dequant_matmul(x: Tensor, layer, lora=None) -> Tensor:
-    """x [..., K] @ W^T -> [..., N] for a QuantLinear `layer`, plus `lora` when given (a LoRA term of x from the
-    kernels' lora_down; inference only), which the kernels add in the decode GEMV's epilogue where x goes there."""
+def dequant_matmul(x: Tensor, layer) -> Tensor:
+    """x [..., K] @ W^T -> [..., N] for a QuantLinear `layer`."""
     x2 = x.reshape(-1, x.shape[-1])
     k = _cuda_kernels(x2, layer.fmt)
     if k is not None and _fused(k, x2.shape[0]):
-        y = k.dequant_linear(x2, layer.fmt, layer.packed(), lora=lora)
+        y = k.dequant_linear(x2, layer.fmt, layer.packed())
     else:
         y = x2 @ _dense_weight(layer, x.dtype, k).t()
-        y = y if lora is None else lora.add_to(y)
     return y.view(*x.shape[:-1], layer.out_features)
 
 

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
 from .formats import QuantFormat, get_format
 from .packed import packed_tensors, register_packed, store_packed
-
-if TYPE_CHECKING:  # the kernels are optional (no Triton: no LoRA terms either)
-    from orbit_lightning.kernels.lora import LoraTerm
 
 
 class _FrozenLinearFn(torch.autograd.Function):
@@ -48,22 +43,17 @@ class QuantLinear(nn.Module):
     def dequantize(self, dtype: torch.dtype | None = None) -> Tensor:
         return self.fmt.dequantize(self.packed(), dtype or self.compute_dtype)
 
-    def matmul(self, x: Tensor, lora: LoraTerm | None = None) -> Tensor:
+    def matmul(self, x: Tensor) -> Tensor:
         from .dispatch import dequant_matmul
 
-        return dequant_matmul(x, self, lora)
+        return dequant_matmul(x, self)
 
     def matmul_dx(self, dy: Tensor) -> Tensor:
         from .dispatch import dequant_matmul_dx
 
         return dequant_matmul_dx(dy, self)
 
-    def forward(self, x: Tensor, lora: LoraTerm | None = None) -> Tensor:
-        """y = x W^T (+ bias). lora: a LoRA term of x (the kernels' lora_down; inference only, it carries no
-        autograd) added to y, by the decode GEMV's epilogue where dispatch sends x there; after the bias, as a
-        LoRA beside any linear adds it."""
-        if lora is not None:
-            return self.matmul(x, lora) if self.bias is None else lora.add_to(self(x))
+    def forward(self, x: Tensor) -> Tensor:
         y = _FrozenLinearFn.apply(x, self) if torch.is_grad_enabled() and x.requires_grad else self.matmul(x)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
