@@ -135,9 +135,10 @@ def run_engine(args, model, batch: int) -> tuple[dict, list]:
     p_len, n_new = args.prompt_len, args.new_tokens
     layout = KVLayout.from_config(model.config, args.dtype)
     blocks = batch * blocks_for(p_len + n_new, 16) + 2
+    # Every prompt prefills in the first step, so the whole batch decodes together from then on.
     engine = RolloutEngine(model, kv_budget_bytes=blocks * 16 * layout.bytes_per_token(), max_batch_size=batch,
                            max_model_len=p_len + n_new + 1, cuda_graphs=not args.no_graphs,
-                           decode_steps=args.decode_steps)
+                           decode_steps=args.decode_steps, max_prefill_tokens=max(8192, batch * p_len))
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, model.config.vocab_size, (batch, p_len), generator=g).tolist()
     engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, ignore_eos=True, seed=0))  # compile/autotune
@@ -173,7 +174,9 @@ def run_engine(args, model, batch: int) -> tuple[dict, list]:
             prof_at = None
     wall = time.perf_counter() - t_all
     n_steps = sum(n for _, n in steps)
-    step = sum(dt for dt, _ in steps) / max(n_steps, 1)
+    if not n_steps:
+        raise RuntimeError(f"batch {batch}: no decode step ran with the whole batch; raise --new-tokens")
+    step = sum(dt for dt, _ in steps) / n_steps
     row = dict(batch=batch, engine_step_ms=1e3 * step, engine_tok_s=batch / step, decode_steps=n_steps,
                engine_wall_s=wall, cuda_graphs=engine.stats()["cuda_graphs"], steps_per_sync=engine.decode_steps)
     del engine

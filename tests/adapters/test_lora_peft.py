@@ -126,3 +126,23 @@ def test_loading_an_adapter_with_another_scaling_is_rejected(tmp_path):
     add_adapter(b, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
     with pytest.raises(ValueError, match="lora_alpha=32 but this model's adapter has 8"):
         load_adapter(b, tmp_path / "ad")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_decode_sized_lora_keeps_the_input_gradient_gpu():
+    """A frozen adapter on a decode-sized input that needs a gradient (e.g. a reward model's input saliency)
+    must not take the fused decode kernel, which has no backward: dX flows through the LoRA as through peft's."""
+    model = load_model("tiny-qwen3", dtype=torch.float32, quant="int4", device="cuda")
+    add_adapter(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    _randomize_adapter(model)
+    layer = model.model.layers[0].self_attn.q_proj
+    for p in model.parameters():
+        p.requires_grad_(False)
+    x = torch.randn(2, 1, layer.in_features, device="cuda", requires_grad=True)
+    layer(x).square().sum().backward()
+    a, b = layer.lora_A.detach(), layer.lora_B.detach()
+    w = layer.base_layer.dequantize(torch.float32)
+    ref = x.detach().clone().requires_grad_(True)
+    (ref @ w.t() + layer.scaling * (ref @ a.t()) @ b.t()).square().sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad, rtol=1e-3, atol=1e-4)  # tf32 matmuls on the GPU

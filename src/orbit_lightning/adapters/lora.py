@@ -63,7 +63,9 @@ class LoraLinear(AdapterLayer):
 def _fused_decode(x: Tensor, a: Tensor, dropout: nn.Module) -> bool:
     """Decode-sized inference on CUDA takes the one-launch LoRA kernel; training (autograd), batch-invariant
     mode (which routes the two F.linear calls to its fixed-tile kernel) and large batches keep torch's ops."""
-    if not x.is_cuda or isinstance(dropout, nn.Dropout) or (torch.is_grad_enabled() and a.requires_grad):
+    if not x.is_cuda or isinstance(dropout, nn.Dropout):
+        return False
+    if torch.is_grad_enabled() and (a.requires_grad or x.requires_grad):  # the kernel has no backward
         return False
     if x.numel() > 64 * x.shape[-1] or invariant.active():
         return False
