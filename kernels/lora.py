@@ -2,10 +2,8 @@
 
 Unfused, a LoRA layer at decode costs five tiny launches (two GEMMs, one of them split-K with its
 reduce, the scale, the add). Here the first launch computes the rank-r projection t = x A^T split over K
-(one K slice per program, fp32 partials), and the second sums the partials in a fixed order (deterministic),
-rounds t to the adapter dtype like the F.linear it replaces, applies its N tile of B and adds onto y. The
-partials are loaded _SB slices at a time and summed as a tree, not one slice per dependent load: that version
-took 2.9 us per launch at batch 1 on the H200 (K = 4096-12288, 16-48 slices) against the down kernel's 1.9 us.
+(one K slice per program, fp32 partials), and the second sums the partials in slice order (deterministic),
+rounds t to the adapter dtype like the F.linear it replaces, applies its N tile of B and adds onto y.
 (One launch that recomputed t in every N program was measured at 17 us per layer on the H200: a long
 sequential K loop per program.)
 """
@@ -18,7 +16,6 @@ import triton.language as tl
 from torch import Tensor
 
 _BM, _BN, _BK = 16, 64, 256
-_SB = 16  # K slices per load in the up kernel: a [16, BM, BR] fp32 tile is 32 registers per thread (4 warps)
 MAX_ROWS = 64  # decode batches; larger ones keep torch's GEMMs
 
 
@@ -41,19 +38,16 @@ def _lora_down_kernel(x_ptr, a_ptr, ws_ptr, M, K, R, stride_xm, stride_am,
 
 @triton.jit(do_not_specialize=["M", "S"])
 def _lora_up_kernel(ws_ptr, b_ptr, y_ptr, out_ptr, M, N, R, S, scale, stride_bn, stride_ym, stride_om,
-                    BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr):
-    """out = y + scale * round(sum_s ws[s]) @ B^T for one (row tile, N tile); partials summed SB slices per load."""
+                    BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
+    """out = y + scale * round(sum_s ws[s]) @ B^T for one (row tile, N tile); partials summed in slice order."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
     ranks = tl.arange(0, BR)
     cols = pid_n * BN + tl.arange(0, BN)
     t = tl.zeros((BM, BR), dtype=tl.float32)
-    for s0 in range(0, S, SB):  # independent loads of SB slices each, not S dependent ones
-        sl = s0 + tl.arange(0, SB)
-        part = tl.load(ws_ptr + (sl[:, None, None] * M + rows[None, :, None]) * BR + ranks[None, None, :],
-                       mask=(sl < S)[:, None, None] & (rows < M)[None, :, None], other=0.0)
-        t += tl.sum(part, axis=0)
+    for s in range(0, S):
+        t += tl.load(ws_ptr + (s * M + rows[:, None]) * BR + ranks[None, :], mask=rows[:, None] < M, other=0.0)
     b = tl.load(b_ptr + cols[:, None] * stride_bn + ranks[None, :], mask=(cols[:, None] < N) & (ranks[None, :] < R),
                 other=0.0)
     delta = tl.dot(t.to(b.dtype), tl.trans(b))  # [BM, BN] fp32
@@ -88,5 +82,5 @@ def lora_add(y: Tensor, x: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor
                                                num_warps=4)
         _lora_up_kernel[(triton.cdiv(n, _BN), row_tiles)](ws, b, y2, out, m, n, r, slices, scale, b.stride(0),
                                                           y2.stride(0), out.stride(0), BM=_BM, BN=_BN, BR=br,
-                                                          SB=_SB, num_warps=4)
+                                                          num_warps=4)
     return out.view(y.shape)
