@@ -117,3 +117,17 @@ def test_multi_step_is_bitwise_single_step_in_deterministic_bf16_gpu():
             .generate(ps, UNMASKED) for n in (1, 8)]
     assert _summary(runs[1]) == _summary(runs[0])
     assert [[c.logprobs for c in o.outputs] for o in runs[1]] == [[c.logprobs for c in o.outputs] for o in runs[0]]
+
+
+def test_multi_step_stops_at_max_model_len_without_running_past_it():
+    """The look-ahead never reserves slots past max_model_len: a step is shortened to what the closest sequence
+    has left, and sequences end with "length" exactly at the limit, as in single-step decode."""
+    model = lora_model("tiny-qwen3")
+    ps = prompts(256, [10, 3], seed=6)
+    params = SamplingParams(temperature=1.0, seed=1, ignore_eos=True, max_new_tokens=None)  # the context bounds it
+    engines = [RolloutEngine(model, kv_budget_bytes=BIG, block_size=4, max_model_len=17, decode_steps=n)
+               for n in (1, 4)]
+    want, got = (e.generate(ps, params) for e in engines)
+    assert _summary(got) == _summary(want)
+    assert [len(o.outputs[0].token_ids) for o in got] == [7, 14]  # 17 - prompt length
+    assert all(o.outputs[0].finish_reason == "length" for o in got)
