@@ -25,8 +25,9 @@ class AsyncRolloutEngine:
 
     async def generate(self, prompt: list[int] | str, params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Yield this request's output after every step that changed it; the last one has `finished=True`.
-        Leaving the `async for` early aborts the request."""
+        """Yield this request's output after every step that changed it (a step adds up to the engine's
+        `decode_steps` tokens per sample); the last one has `finished=True`. Leaving the `async for` early aborts
+        the request."""
         rid = self.engine.add_request(prompt, params, request_id)
         queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._queues[rid] = queue
