@@ -44,9 +44,11 @@ def test_greedy_matches_transformers_with_merged_lora(name, targets, tmp_path):
         want = [_hf_greedy(merged, p) for p in ps]
     assert want != base_only  # the adapter changes the greedy path, so the comparison is not vacuous
 
-    engine = RolloutEngine(ours, kv_budget_bytes=1 << 20, block_size=4, max_model_len=64)
-    outs = engine.generate(ps, SamplingParams(n=2, temperature=0, max_new_tokens=NEW, ignore_eos=True))
-    for p, o, w in zip(ps, outs, want):
-        assert o.error is None and [c.token_ids for c in o.outputs] == [w, w]
-        assert all(c.finish_reason == "length" for c in o.outputs)
-        assert max_logprob_diff(ours, p, o.outputs[1]) <= 1e-5
+    for decode_steps in (1, 4):  # one token per engine step, and multi-step decode (tokens fed back on device)
+        engine = RolloutEngine(ours, kv_budget_bytes=1 << 20, block_size=4, max_model_len=64,
+                               decode_steps=decode_steps)
+        outs = engine.generate(ps, SamplingParams(n=2, temperature=0, max_new_tokens=NEW, ignore_eos=True))
+        for p, o, w in zip(ps, outs, want):
+            assert o.error is None and [c.token_ids for c in o.outputs] == [w, w]
+            assert all(c.finish_reason == "length" for c in o.outputs)
+            assert max_logprob_diff(ours, p, o.outputs[1]) <= 1e-5
