@@ -40,6 +40,12 @@ def use_kernels(x: Tensor) -> bool:
     return active() and kernels_run_on(x.device)
 
 
+def kernels_take(x: Tensor) -> bool:
+    """Whether a one-launch kernel (RMSNorm, the fused elementwise ops) serves an op on `x`: on CUDA where the
+    kernels run, and in the mode wherever they run (on the CPU, Triton's interpreter)."""
+    return (x.is_cuda and kernels_run_on(x.device)) or use_kernels(x)
+
+
 class _RecomputeBackward(torch.autograd.Function):
     """Forward by `fast` (a kernel without autograd); backward by differentiating `reference` (torch ops)
     recomputed from the saved inputs."""
@@ -120,7 +126,7 @@ def invariant_mode(enabled: bool = True) -> Iterator[None]:
 def rms_norm(x: Tensor, weight: Tensor, eps: float, reference: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
     """RMSNorm by the one-row-per-program kernel on CUDA (and in the mode wherever the kernels run), else
     `reference(x, weight)`."""
-    if not (x.is_cuda and kernels_run_on(x.device)) and not use_kernels(x):
+    if not kernels_take(x):
         return reference(x, weight)
     k = kernels_module()
     return with_reference_grad(lambda x_, w_: k.rms_norm(x_, w_, eps), reference, x, weight)

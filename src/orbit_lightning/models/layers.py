@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..triton_kernels import kernels_module, kernels_run_on
+from ..triton_kernels import kernels_module
 from . import invariant
 from .config import RopeConfig
 
@@ -26,9 +26,11 @@ def _fused(x: Tensor, *others: Tensor, cuda_only: bool = False) -> bool:
     truncate), and not at all for `cuda_only` kernels."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *others)):
         return False
+    if not invariant.kernels_take(x):
+        return False
     if x.is_cuda:
-        return x.dtype in (torch.bfloat16, torch.float16, torch.float32) and kernels_run_on(x.device)
-    return not cuda_only and x.dtype in (torch.float16, torch.float32) and invariant.use_kernels(x)
+        return x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    return not cuda_only and x.dtype in (torch.float16, torch.float32)
 
 
 class RMSNorm(nn.Module):
