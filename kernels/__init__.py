@@ -6,6 +6,9 @@ paths), and a batch-invariant mode (`set_batch_invariant` / `batch_invariant()`)
 RMSNorm. All entry points are plain
 torch functions without autograd.
 
+Triton launches a kernel on the *current* CUDA device, not on its tensors' device: with tensors on another
+GPU, call the kernels inside `torch.cuda.device(that_device)` (the rollout engine steps under its own).
+
 On the CPU the kernels run under Triton's interpreter, which must be enabled before this package is
 imported: `TRITON_INTERPRET=1` in the environment (tests/kernels/conftest.py sets it).
 """
