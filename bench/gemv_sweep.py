@@ -80,6 +80,17 @@ def fma_variants(bm: int) -> dict[str, GemvConfig]:
     return out
 
 
+def tma_variants() -> dict[str, GemvConfig]:
+    """Descriptor (TMA) variants: (block_n, warps, block_k) x pipeline depth x programs per SM."""
+    out = {}
+    for bn, warps, bkk in ((64, 4, 256), (128, 4, 256), (64, 4, 512), (16, 1, 256), (32, 1, 256)):
+        for stages in (3, 4, 6):
+            for pps in ((2, 4, 8) if warps == 4 else (8, 16)):
+                out[f"tma{bn}w{warps}k{bkk}/s{stages}p{pps}"] = GemvConfig(
+                    16, bn, bkk, num_warps=warps, num_stages=stages, programs_per_sm=pps, tma=True)
+    return out
+
+
 def tickets(n: int) -> torch.Tensor:
     return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
 
@@ -107,11 +118,23 @@ def reference(x, wdq):
     return ref, 2.0**-8 * (x.float().abs() @ wdq.abs().T + ref.abs())
 
 
-def section_gemv(deadline: float) -> None:
+def section_tma(deadline: float) -> None:
+    """The descriptor variants against the shipped configs (configs._GEMV), M = 1 and 16."""
+    shipped = {f"shipped/m{b}": c for b, c in configs._GEMV}
+    tma = tma_variants()
+    section_gemv(deadline, {1: {**tma, "shipped/m1": shipped["shipped/m1"]},
+                            16: {**tma, "shipped/m16": shipped["shipped/m16"]}},
+                 models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
+
+
+def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]] | None = None,
+                 models: tuple[str, ...] = tuple(bk.DENSE)) -> None:
     say("\n== gemv sweep: int4-g32 forward, graph_us (cold L2, no host cost), x = bf16 F.linear us / variant us ==")
     fmt = get_format("int4")
-    shapes = [(f"{model}.{layer}", n, k) for model, layers in bk.DENSE.items() for layer, n, k in layers]
-    dots, fmas1 = dot_variants(), fma_variants(1)
+    shapes = [(f"{model}.{layer}", n, k) for model in models for layer, n, k in bk.DENSE[model]]
+    if variants_by_m is None:
+        dots = dot_variants()
+        variants_by_m = {1: {**dots, **fma_variants(1)}, 16: dots}
     tiny = resolve("int4", fmt.random_packed((128, 512), device="cuda"), stacked=False)
     xt = torch.randn(1, 512, device="cuda").bfloat16()
     one = torch.zeros(1, device="cuda")
@@ -133,8 +156,7 @@ def section_gemv(deadline: float) -> None:
             base[(name, m)] = (graph_us(F.linear, x, wbf),
                                graph_us(kernels.int4_linear, x, packed, config=old_cfg),
                                packed_bytes(packed) + 2 * m * (n + k))  # fmt: skip
-            variants = {**dots, **fmas1} if m == 1 else dots
-            for vname, cfg in variants.items():
+            for vname, cfg in variants_by_m[m].items():
                 if vname in bad:
                     continue
                 try:
@@ -374,7 +396,8 @@ def main() -> None:
         sys.exit("bench/gemv_sweep.py needs a CUDA GPU")
     deadline = time.time() + args.budget
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
-    sections = {"gemv": section_gemv, "dequant": section_dequant, "train": section_train, "final": section_final}
+    sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
+                "final": section_final}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

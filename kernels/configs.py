@@ -100,6 +100,7 @@ class GemvConfig:
     prefetch: bool = True  # int4 packed path: load the next tile's words one iteration ahead
     two_tiles: bool = False  # dot: two block_k tiles per iteration (longer contiguous reads per row)
     maxnreg: int | None = None  # register cap per thread (more programs per SM), None = compiler's choice
+    tma: bool = False  # int4: words and scales by TMA descriptors, num_stages deep (gemv._gemv_tma_kernel)
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):

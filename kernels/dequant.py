@@ -29,14 +29,33 @@ def _load_words(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: 
 
 
 @triton.jit
+def _fields(words, ROWS: tl.constexpr, BK: tl.constexpr, PER: tl.constexpr, BITS: tl.constexpr):
+    """int32 [ROWS, BK]: the BITS-wide fields of words [ROWS, BK // PER] (field j of a word at bits j*BITS)."""
+    shifts = tl.arange(0, PER) * BITS
+    fields = (words.to(tl.int32)[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
+    return tl.reshape(fields, (ROWS, BK))
+
+
+@triton.jit
 def _unpack(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: tl.constexpr,
             PER: tl.constexpr, BITS: tl.constexpr, K_EVEN: tl.constexpr):
-    """int32 [ROWS, BK]: the BITS-wide fields of W[rows, k0:k0+BK], PER fields per stored word
-    (field j of a word sits at bits j*BITS); entries outside the matrix are 0."""
-    words = _load_words(w_ptr, rows, k0, N, n_words, stride_wn, ROWS, BK, PER, K_EVEN).to(tl.int32)
-    shifts = tl.arange(0, PER) * BITS
-    fields = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
-    return tl.reshape(fields, (ROWS, BK))
+    """int32 [ROWS, BK]: the fields of W[rows, k0:k0+BK], PER per stored word; 0 outside the matrix."""
+    words = _load_words(w_ptr, rows, k0, N, n_words, stride_wn, ROWS, BK, PER, K_EVEN)
+    return _fields(words, ROWS, BK, PER, BITS)
+
+
+@triton.jit
+def int4_values(words, ROWS: tl.constexpr, BK: tl.constexpr):
+    """fp32 [ROWS, BK]: q = nibble - 8 of int4 words [ROWS, BK // 8] (stored as q + 8), in K order."""
+    return (_fields(words, ROWS, BK, 8, 4) | _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC_INT4
+
+
+@triton.jit
+def apply_scales(vals, scales, ROWS: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """vals [ROWS, BK] times load_scales' scales ([ROWS, BK // GROUP], or [ROWS, 1] inside one group)."""
+    if BK >= GROUP:
+        return vals * _expand_groups(scales, ROWS, BK, GROUP)
+    return vals * scales
 
 
 # int4 -> bf16 two values per instruction (GPU only: the interpreter cannot run PTX). OR-ing a nibble n
@@ -170,8 +189,7 @@ def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, RO
         w = _int4_to_bf16(words, word_scales.to(tl.bfloat16), ROWS, BK)
     else:
         if FMT == 0:  # int4: q + 8 in 4-bit fields, 8 per int32
-            nib = _unpack(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, 4, K_EVEN)
-            vals = (nib | _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC_INT4
+            vals = int4_values(_load_words(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, K_EVEN), ROWS, BK)
         elif FMT == 1:  # fp8 e4m3
             cols = k0 + tl.arange(0, BK)
             if K_EVEN:
@@ -183,10 +201,7 @@ def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, RO
             vals = tl.where(mask, vals, 0.0)
         else:  # mxfp4 / nvfp4: e2m1 codes, low nibble first
             vals = _e2m1_to_f32(_unpack(w_ptr, rows, k0, N, K // 2, stride_wn, ROWS, BK, 2, 4, K_EVEN))
-        if BK >= GROUP:
-            w = vals * _expand_groups(scales, ROWS, BK, GROUP)
-        else:
-            w = vals * scales
+        w = apply_scales(vals, scales, ROWS, BK, GROUP)
     return w
 
 

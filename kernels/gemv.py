@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import GemvConfig, gemv_splits
 from .dequant import (
@@ -34,10 +35,12 @@ from .dequant import (
     _int4_words_to_f32,
     _load_words,
     _nibbles_to_tile,
+    apply_scales,
     dequant_tile,
+    int4_values,
     load_scales,
 )
-from .formats import PackedWeight
+from .formats import INT4, PackedWeight
 
 
 @triton.jit
@@ -181,6 +184,33 @@ def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.
     return _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, BN, BK)
 
 
+@triton.jit
+def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, stride_om,
+               BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr):
+    """Write the out^T tile acc[BN, BM]: directly, or (SPLIT) as split `split`'s fp32 partial, the last
+    program of the output tile summing all partials in split order."""
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    mask = (offs_n[:, None] < N) & m_ok[None, :]
+    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    if not SPLIT:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
+        # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
+        part_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+        tl.store(part_ptrs + split.to(tl.int64) * M * N, acc, mask=mask)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if ticket == n_splits - 1:
+            total = tl.zeros((BN, BM), dtype=tl.float32)
+            for _ in range(n_splits):  # fixed order: the sum does not depend on arrival order
+                total += tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                part_ptrs += M * N
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
+
+
 # M and the split count are never specialized, so one binary serves every decode batch size. Nor is the
 # scale row stride: unproven alignment makes the compiler load one scale per thread (2 bytes, not a
 # 16-byte vector of 8 groups), which is the register layout the decoder wants: thread (row, group) owns
@@ -270,26 +300,46 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
         else:
             cols = k0 + tl.arange(0, BK)
             acc = _fma_rows(w, x_ptr, m0, M, stride_xm, cols, cols < K, acc, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    mask = (offs_n[:, None] < N) & m_ok[None, :]
-    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
-    if not SPLIT:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
-        # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
-        part_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
-        tl.store(part_ptrs + split.to(tl.int64) * M * N, acc, mask=mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if ticket == n_splits - 1:
-            total = tl.zeros((BN, BM), dtype=tl.float32)
-            for _ in range(n_splits):  # fixed order: the sum does not depend on arrival order
-                total += tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-                part_ptrs += M * N
-            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
+    _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, stride_om,
+               BN, BM, SPLIT)
+
+
+# The descriptor variant (GemvConfig.tma, int4 only): words and scales arrive by TMA into shared memory,
+# `stages` iterations ahead under the compiler's software pipeline, so a program keeps several tiles in
+# flight with few registers and no address arithmetic; the boxes' zero fill replaces every mask.
+@triton.jit(do_not_specialize=["M", "n_splits"])
+def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits,
+                     stride_xm, stride_om, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, FAST_INT4: tl.constexpr, SPLIT: tl.constexpr, ONE_ROW: tl.constexpr,
+                     STAGES: tl.constexpr):  # fmt: skip
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    m0 = pid_m.to(tl.int64) * BM
+    offs_m = m0 + tl.arange(0, BM)
+    m_ok = offs_m < M
+    k_lo = tl.multiple_of(split * k_per_split, BK)
+    k_hi = min(k_lo + k_per_split, K)
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
+        words = w_desc.load([pid_n * BN, k0 // 8])  # [BN, BK // 8] int32
+        scales = s_desc.load([pid_n * BN, k0 // GROUP])  # [BN, BK // GROUP] bf16
+        if FAST_INT4:
+            w = _int4_tile_mma(words, scales, BN, BK, GROUP)
+        else:  # interpreter / fp16 / fp32: the generic decoder's values, in the dot's K order
+            w = apply_scales(int4_values(words, BN, BK), scales.to(tl.float32), BN, BK, GROUP)
+            w = _k_permute(w.to(x_ptr.dtype.element_ty), BN, BK)
+        x = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM, BK, ONE_ROW)
+        acc = _dot_step(w, x, acc, BM, BK, ONE_ROW)
+    _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, stride_om,
+               BN, BM, SPLIT)
+
+
+def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
+    """Whether the descriptor variant reads `w`: int4 whose rows of words and of scales are 16-byte
+    multiples (TMA strides), with whole groups per tile and a 16-byte scale box."""
+    return (w.fmt.code == INT4 and w.experts is None and w.k % 32 == 0 and w.scale.shape[-1] % 8 == 0
+            and cfg.block_k >= 8 * w.group and w.values.is_contiguous() and w.scale.is_contiguous())  # fmt: skip
 
 
 def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool) -> Tensor:
@@ -308,6 +358,15 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
         cnt = tickets(n_tiles * m_tiles)
     else:
         ws = cnt = out  # unused without a split
+    if cfg.tma and tma_ok(w, cfg):  # else the pointer kernel with the same tiles
+        w_desc = TensorDescriptor.from_tensor(w.values, [cfg.block_n, cfg.block_k // 8])
+        s_desc = TensorDescriptor.from_tensor(w.scale, [cfg.block_n, cfg.block_k // w.group])
+        _gemv_tma_kernel[(n_tiles, split, m_tiles)](
+            x, w_desc, s_desc, out, ws, cnt, m, n, k, k_per_split, split, x.stride(0), out.stride(0),
+            GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, FAST_INT4=fast_int4,
+            SPLIT=split > 1, ONE_ROW=m == 1, STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        )  # fmt: skip
+        return out
     gs = w.global_scale if w.global_scale is not None else w.scale
     _gemv_kernel[(n_tiles, split, m_tiles)](
         x, w.values, w.scale, gs, out, ws, cnt,

@@ -8,6 +8,8 @@ as in test_gpu.py, each weight rounds once to bf16 (2^-9), products are exact, t
 K * 2^-24 (< 2^-12 here) and the output rounds once (2^-9): 2^-8 (sum |x||w| + |ref|) holds with margin.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 import triton
@@ -92,6 +94,41 @@ def test_dense_gemm_routes_small_m_to_gemv_outside_invariant_mode(monkeypatch):
     assert calls == [6]
 
 
+# The descriptor (TMA) variant reads int4 only; its boxes need 16-byte rows of words and of scales.
+TMA_CASES = {  # name: (fmt, N, K, config)
+    "g32-split": ("int4", 41, 768, GemvConfig(16, 16, 256, k_iters=1, tma=True, num_stages=2)),
+    "g32-one-split": ("int4", 20, 512, GemvConfig(16, 32, 256, k_iters=0, tma=True, num_stages=3)),
+    "g128": ("int4-g128", 23, 2048, GemvConfig(16, 16, 1024, k_iters=1, tma=True, num_stages=2)),
+}
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+@pytest.mark.parametrize("case", list(TMA_CASES))
+def test_gemv_tma_matches_fp64_and_the_pointer_kernel(case):
+    fmt, n, k, cfg = TMA_CASES[case]
+    packed, w = random_weight(fmt, (n, k), seed=6)
+    assert gemv.tma_ok(resolve(fmt, packed, stacked=False), cfg)
+    for m in (1, 3, 16):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        for dtype, rel in ((torch.float32, _fp32_rel(k)), (torch.float16, 2.0**-10)):
+            y = _run(x.to(dtype), fmt, packed, cfg)
+            ref = x.to(dtype).double() @ w.T
+            assert_within(y, ref, matmul_bound(x.to(dtype), w, ref, rel))
+            # same decoded values, same dot order per tile, same split sums: the same bits
+            assert torch.equal(y, _run(x.to(dtype), fmt, packed, replace(cfg, tma=False)))
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+def test_gemv_tma_falls_back_where_boxes_do_not_fit():
+    cfg = GemvConfig(16, 16, 256, k_iters=1, tma=True)
+    packed, w = random_weight("int4", (24, 160), seed=7)  # 5 scale groups per row: 10-byte scale rows
+    assert not gemv.tma_ok(resolve("int4", packed, stacked=False), cfg)
+    x = torch.randn(2, 160, generator=torch.Generator().manual_seed(8))
+    ref = x.double() @ w.T
+    assert_within(_run(x, "int4", packed, cfg), ref, matmul_bound(x, w, ref, _fp32_rel(160)))
+    assert not gemv.tma_ok(resolve("fp8", random_weight("fp8", (24, 512), seed=7)[0], stacked=False), cfg)
+
+
 @triton.jit
 def _permute_probe(t_ptr, a_ptr, b_ptr, R: tl.constexpr, BK: tl.constexpr):
     rows = tl.arange(0, R)
@@ -154,6 +191,22 @@ def test_gpu_bf16_against_fp64(fmt, dot):
             y = gemv.gemv(x, wk, out.clone(), cfg, _cuda_tickets, fast_int4=fast)
             assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
         assert_within(kernels.dequant_linear(x, fmt, packed), ref, matmul_bound(x, w, ref, 2.0**-8))
+
+
+@_gpu
+@pytest.mark.parametrize("fmt", ["int4", "int4-g128"])
+def test_gpu_tma_bf16_against_fp64_and_decoders_agree(fmt):
+    packed, w = random_weight(fmt, (384, 2048), seed=1, device="cuda")
+    wk = resolve(fmt, packed, stacked=False)
+    cfg = GemvConfig(16, 64, 1024 if fmt == "int4-g128" else 256, k_iters=1, num_warps=4, num_stages=3, tma=True)
+    assert gemv.tma_ok(wk, cfg)
+    for m in (1, 7, 16):
+        x = _randn(m, 2048, seed=m).bfloat16()
+        ref = x.double() @ w.T
+        outs = [gemv.gemv(x, wk, torch.empty((m, 384), dtype=torch.bfloat16, device="cuda"), cfg, _cuda_tickets,
+                          fast_int4=fast) for fast in (True, False)]  # fmt: skip
+        assert_within(outs[0], ref, matmul_bound(x, w, ref, 2.0**-8))
+        assert torch.equal(outs[0], outs[1])
 
 
 @_gpu
