@@ -80,14 +80,18 @@ def fma_variants(bm: int) -> dict[str, GemvConfig]:
     return out
 
 
-def tma_variants() -> dict[str, GemvConfig]:
-    """Descriptor (TMA) variants: (block_n, warps, block_k) x pipeline depth x programs per SM."""
-    out = {}
-    for bn, warps, bkk in ((64, 4, 256), (128, 4, 256), (64, 4, 512), (16, 1, 256), (32, 1, 256)):
-        for stages in (3, 4, 6):
-            for pps in ((2, 4, 8) if warps == 4 else (8, 16)):
-                out[f"tma{bn}w{warps}k{bkk}/s{stages}p{pps}"] = GemvConfig(
-                    16, bn, bkk, num_warps=warps, num_stages=stages, programs_per_sm=pps, tma=True)
+def tma_variants() -> dict[int, dict[str, GemvConfig]]:
+    """Descriptor (TMA) variants per M: (block_n, warps, block_k) x pipeline depth x split (programs per
+    SM, or k64: no split, the pipeline holding a program's whole K range)."""
+    tiles = {1: ((16, 1, 256), (32, 1, 256)), 16: ((32, 1, 256), (64, 2, 256), (64, 2, 128), (128, 4, 128))}
+    out: dict[int, dict[str, GemvConfig]] = {1: {}, 16: {}}
+    for m, shapes in tiles.items():
+        for bn, warps, bkk in shapes:
+            for stages in (3, 4, 8):
+                for split in ("p4", "p8", "k64"):
+                    kw = {"k_iters": 64} if split == "k64" else {"programs_per_sm": int(split[1:])}
+                    out[m][f"tma{bn}w{warps}k{bkk}/s{stages}{split}"] = GemvConfig(
+                        16, bn, bkk, num_warps=warps, num_stages=stages, tma=True, **kw)
     return out
 
 
@@ -120,10 +124,8 @@ def reference(x, wdq):
 
 def section_tma(deadline: float) -> None:
     """The descriptor variants against the shipped configs (configs._GEMV), M = 1 and 16."""
-    shipped = {f"shipped/m{b}": c for b, c in configs._GEMV}
     tma = tma_variants()
-    section_gemv(deadline, {1: {**tma, "shipped/m1": shipped["shipped/m1"]},
-                            16: {**tma, "shipped/m16": shipped["shipped/m16"]}},
+    section_gemv(deadline, {m: {**tma[m], **{f"shipped/m{b}": c for b, c in configs._GEMV if b == m}} for m in tma},
                  models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
 
 
@@ -180,6 +182,9 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
                 vname, t = best[m][2], best[m][3]
                 say(f"{name:24} {n:6} {k:6} M={m:2} | bf16 {b16:7.1f} old {old:7.1f} ({b16 / old:4.2f}x) | best "
                     f"{vname:14} {t:7.1f} ({b16 / t:4.2f}x, {byts / t / 1e6:4.2f} TB/s)")  # fmt: skip
+    if _LOG:
+        _LOG.write("\nall timings (shape, M, variant, us):\n")
+        _LOG.write("".join(f"{r[0]} {r[1]} {r[2]} {r[3]:.2f}\n" for r in rows))
     for m in (1, 16):
         say(f"\n-- M={m}: variants by geomean speedup over bf16 (min over shapes), top 12 --")
         by_v: dict[str, list[float]] = {}

@@ -53,9 +53,11 @@ def int4_values(words, ROWS: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def apply_scales(vals, scales, ROWS: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """vals [ROWS, BK] times load_scales' scales ([ROWS, BK // GROUP], or [ROWS, 1] inside one group)."""
-    if BK >= GROUP:
-        return vals * _expand_groups(scales, ROWS, BK, GROUP)
-    return vals * scales
+    if BK >= GROUP:  # (one return per function: triton 3.6 compiles code after a constexpr-if's return)
+        out = vals * _expand_groups(scales, ROWS, BK, GROUP)
+    else:
+        out = vals * scales
+    return out
 
 
 # int4 -> bf16 two values per instruction (GPU only: the interpreter cannot run PTX). OR-ing a nibble n

@@ -203,10 +203,17 @@ def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok,
         tile = pid_m * tl.num_programs(0) + pid_n
         ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if ticket == n_splits - 1:
+            # Fixed order, so the sum does not depend on arrival order; four partials are loaded per round
+            # (independent loads, one L2 round trip) since this tail is on the kernel's critical path.
             total = tl.zeros((BN, BM), dtype=tl.float32)
-            for _ in range(n_splits):  # fixed order: the sum does not depend on arrival order
-                total += tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-                part_ptrs += M * N
+            for s0 in range(0, n_splits, 4):
+                left = tl.zeros((BN, BM), tl.int32) + (n_splits - s0)  # as a tensor: interpreter masks
+                p0 = tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                p1 = tl.load(part_ptrs + M * N, mask=mask & (left > 1), other=0.0, cache_modifier=".cg")
+                p2 = tl.load(part_ptrs + 2 * M * N, mask=mask & (left > 2), other=0.0, cache_modifier=".cg")
+                p3 = tl.load(part_ptrs + 3 * M * N, mask=mask & (left > 3), other=0.0, cache_modifier=".cg")
+                total = (((total + p0) + p1) + p2) + p3
+                part_ptrs += 4 * M * N
             tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
 
