@@ -30,7 +30,7 @@ from .linear import (
     linear,
 )
 from .logsumexp import logsumexp
-from .lora import lora_add
+from .lora import lora_add, lora_add_many
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
 from .rmsnorm import rms_norm
 from .rope import rope
@@ -54,6 +54,7 @@ __all__ = [
     "linear",
     "logsumexp",
     "lora_add",
+    "lora_add_many",
     "paged_attention",
     "rms_norm",
     "rope",

@@ -23,31 +23,45 @@ _BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    row = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
     if LIBDEVICE:
         e = libdevice.exp(-g)
     else:
         e = tl.exp(-g)
     dt: tl.constexpr = o_ptr.dtype.element_ty
     act = tl.div_rn(g, 1.0 + e).to(dt).to(tl.float32)  # F.silu's output, rounded to the dtype
-    tl.store(o_ptr + offs, (act * u).to(dt), mask=mask)
+    tl.store(o_ptr + row * n + offs, (act * u).to(dt), mask=mask)
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
-    """silu(gate) * up for gate and up of one shape and dtype (bf16/fp16/fp32); returns a contiguous tensor."""
+    """silu(gate) * up for gate and up of one shape and dtype (bf16/fp16/fp32); returns a contiguous tensor.
+    Rows may be strided (e.g. the gate and up slices of one fused projection's output): no copy is made when
+    the last dim is contiguous and the leading dims flatten to rows."""
     if gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device:
         raise ValueError(f"silu_mul needs gate and up of one shape, dtype and device, got {tuple(gate.shape)} "
                          f"{gate.dtype} {gate.device} and {tuple(up.shape)} {up.dtype} {up.device}")
     if gate.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"silu_mul supports bf16, fp16 and fp32, got {gate.dtype}")
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
-    if n:
-        _silu_mul_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, n, BLOCK=_BLOCK, LIBDEVICE=not INTERPRETED,
-                                                   num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if out.numel():
+        h = gate.shape[-1] if gate.dim() else 1
+        g2, u2 = _rows(gate, h), _rows(up, h)
+        grid = (triton.cdiv(h, _BLOCK), g2.shape[0])
+        _silu_mul_kernel[grid](g2, u2, out, h, g2.stride(0), u2.stride(0), BLOCK=_BLOCK, LIBDEVICE=not INTERPRETED,
+                               num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)  # fmt: skip
     return out
+
+
+def _rows(t: Tensor, h: int) -> Tensor:
+    """t as [rows, h] with a unit last stride: a view when the layout allows, else a contiguous copy."""
+    if t.dim() >= 2 and t.stride(-1) == 1:
+        try:
+            return t.view(-1, h)
+        except RuntimeError:  # leading dims that do not flatten
+            pass
+    return t.contiguous().view(-1, h)

@@ -129,17 +129,27 @@ GEMV_MAX_M = _GEMV[-1][0]
 _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small tiles, same code
 
 
-def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool) -> GemvConfig | None:
-    """The small-M kernel's config for M rows of `dtype` activations, or None where the tile GEMM serves:
-    larger M, batch-invariant mode (its single fixed tile config must serve every M) and, on the GPU,
-    anything but int4 through the packed-bf16 decoder (`packed_int4`; bf16 activations): the kernel reads
-    every format, but was tuned and measured on that one only."""
+# M = 1 on a tall, short matrix (a fused gate/up, DeepSeek-V3's q_b): one program per 32 rows already gives every
+# SM several, so K is not split (no partials, no reduction tail) and the TMA pipeline keeps 4 tiles in flight per
+# program. bench/gemv_sweep.py --sections tma: Qwen3-8B gate_up (24576 x 4096) 31.7 -> 25.3 us, DeepSeek-V3 q_b
+# 15.1 -> 12.9 us; a tie at K = 7168 and slower on shorter matrices, which keep the split kernel.
+_GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
+
+
+def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool, n: int = 0,
+              k: int = 0) -> GemvConfig | None:
+    """The small-M kernel's config for M rows of `dtype` activations times an [n, k] weight, or None where the
+    tile GEMM serves: larger M, batch-invariant mode (its single fixed tile config must serve every M) and, on
+    the GPU, anything but int4 through the packed-bf16 decoder (`packed_int4`; bf16 activations): the kernel
+    reads every format, but was tuned and measured on that one only."""
     if m > GEMV_MAX_M or is_batch_invariant():
         return None
     if device.type != "cuda":
         return _GEMV_CPU
     if not packed_int4:
         return None
+    if m == 1 and k <= 4096 and n >= 4 * _GEMV_TALL.block_n * sm_count(device):
+        return _GEMV_TALL
     return next(cfg for bound, cfg in _GEMV if m <= bound)
 
 
@@ -150,6 +160,14 @@ FAST_INT4 = True
 _SM_COUNT: dict[int, int] = {}
 
 
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
 def auto_split(cfg: TileConfig, programs: int, r: int, device: torch.device) -> int:
     """Number of reduction splits: cfg.split_k, or (when it is 0) enough to give ~2 programs per SM."""
     n_r_tiles = -(-r // cfg.block_r)
@@ -157,10 +175,7 @@ def auto_split(cfg: TileConfig, programs: int, r: int, device: torch.device) -> 
         return max(1, min(cfg.split_k, n_r_tiles))
     if device.type != "cuda":
         return 1
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    want = -(-2 * _SM_COUNT[idx] // max(programs, 1))
+    want = -(-2 * sm_count(device) // max(programs, 1))
     return max(1, min(want, n_r_tiles, 32))
 
 
@@ -173,8 +188,5 @@ def gemv_splits(cfg: GemvConfig, programs: int, k: int, device: torch.device, st
         return min(cfg.k_iters, n_k_tiles)
     if device.type != "cuda":
         return n_k_tiles
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    splits = max(1, min(n_k_tiles, -(-cfg.programs_per_sm * _SM_COUNT[idx] // max(programs, 1))))
+    splits = max(1, min(n_k_tiles, -(-cfg.programs_per_sm * sm_count(device) // max(programs, 1))))
     return -(-n_k_tiles // splits)

@@ -8,7 +8,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-_BLOCK = 1024  # fixed chunk: the reduction order depends on the hidden size only
+# The chunk depends on the hidden size only, so the reduction order does too. Up to 8192 a row is one chunk:
+# at decode a launch is a handful of rows, and each chunk of a longer loop costs a dependent memory round trip.
+_BLOCK = 8192
 
 
 @triton.jit
@@ -45,6 +47,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
         x2 = x2.contiguous()
     out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     if x2.shape[0]:
+        block = min(_BLOCK, triton.next_power_of_2(h))
         _rmsnorm_kernel[(x2.shape[0],)](x2, weight.contiguous(), out, h, x2.stride(0), out.stride(0), eps,
-                                        BLOCK=min(_BLOCK, triton.next_power_of_2(h)))
+                                        BLOCK=block, num_warps=8 if block >= 4096 else 4)
     return out.reshape(x.shape)

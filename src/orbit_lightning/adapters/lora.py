@@ -49,7 +49,10 @@ class LoraLinear(AdapterLayer):
         self.in_features, self.out_features = k, n
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.base_layer(x)
+        return self.add_delta(self.base_layer(x), x)
+
+    def add_delta(self, y: Tensor, x: Tensor) -> Tensor:
+        """y (the base's output for x) plus the active adapter's s · B(A(dropout(x)))."""
         t = self.active_tensors()
         if t is None:
             return y
@@ -58,6 +61,18 @@ class LoraLinear(AdapterLayer):
             return kernels_module().lora_add(y, x, a, b, self.scaling)
         delta = F.linear(F.linear(self.dropout(x).to(a.dtype), a), b)
         return y + (delta * self.scaling).to(y.dtype)
+
+
+def add_deltas(layers, y: Tensor, x: Tensor) -> Tensor | None:
+    """The LoRA deltas of `layers` (LoraLinears reading x, outputs side by side in y) added in one kernel pair, or
+    None unless every layer has an active adapter of one rank that the decode kernel takes."""
+    tensors = [m.active_tensors() if isinstance(m, LoraLinear) else None for m in layers]
+    if any(t is None for t in tensors) or len(layers) > 3:
+        return None
+    a, b = [t["lora_A"] for t in tensors], [t["lora_B"] for t in tensors]
+    if len({t.shape[0] for t in a}) != 1 or not all(_fused_decode(x, ag, m.dropout) for ag, m in zip(a, layers)):
+        return None
+    return kernels_module().lora_add_many(y, x, a, b, [m.scaling for m in layers])
 
 
 def _fused_decode(x: Tensor, a: Tensor, dropout: nn.Module) -> bool:

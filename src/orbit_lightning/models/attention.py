@@ -7,12 +7,15 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..quant.fusion import project
 from .cache import AttentionContext
 from .config import ModelConfig
 from .layers import RMSNorm, Rotary, apply_rope_qk
 
 
 class GQAttention(nn.Module):
+    FUSED_INPUTS = (("q_proj", "k_proj", "v_proj"),)  # read x together at decode (quant.fusion)
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -28,9 +31,10 @@ class GQAttention(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], ctx: AttentionContext) -> Tensor:
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
+        q = self.q_norm(q.view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         cos, sin = rope
         q, k = apply_rope_qk(q, k, cos, sin)
         out = ctx.attend(self.layer_idx, q, k, v, self.scale)
@@ -42,6 +46,8 @@ class MLAttention(nn.Module):
 
     The cache sees expanded per-head k [B, H, T, nope+rope] and v [B, H, T, dv] (the simple layout).
     """
+
+    FUSED_INPUTS = (("q_proj", "kv_a_proj_with_mqa"), ("q_a_proj", "kv_a_proj_with_mqa"))
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -72,10 +78,14 @@ class MLAttention(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], ctx: AttentionContext) -> Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        if hasattr(self, "q_proj"):
+            q, kv_a = project(x, (self.q_proj, self.kv_a_proj_with_mqa))
+        else:
+            q_a, kv_a = project(x, (self.q_a_proj, self.kv_a_proj_with_mqa))
+            q = self.q_b_proj(self.q_a_layernorm(q_a))
         q = q.view(b, t, self.n_heads, -1).transpose(1, 2)
         q_nope, q_rot = q.split([self.nope, self.rope_dim], dim=-1)
-        kv_latent, k_rot = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope_dim], dim=-1)
+        kv_latent, k_rot = kv_a.split([self.kv_rank, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(kv_latent)).view(b, t, self.n_heads, -1).transpose(1, 2)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         cos, sin = rope

@@ -129,6 +129,8 @@ def rope_reference(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool = False
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
+    FUSED_INPUTS = (("gate_proj", "up_proj"),)  # read x together at decode (quant.fusion)
+
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -136,7 +138,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        from ..quant.fusion import project  # (lazy: quant.fusion imports the adapters, which import models)
+
+        gate, up = project(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(silu_mul(gate, up))
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.invariant import invariant_mode
+from ..quant.fusion import fuse_projections
 from ..triton_kernels import kernels_module, kernels_run_on
 from .adapter_slots import AdapterSlots
 from .blocks import BlockAllocator, blocks_for
@@ -36,7 +37,9 @@ log = logging.getLogger(__name__)
 
 class RolloutEngine:
     """Generates with `model` (a `CausalLM`, optionally on a packed base and with an adapter), in place: the
-    engine adds two adapter slots to the model and a KV cache beside it, and copies no base weight.
+    engine adds two adapter slots to the model and a KV cache beside it, and copies no base weight. Packed
+    projections that read one input (q/k/v, gate/up) are re-seated as slices of one buffer each, so decode
+    runs each group as one matmul (`quant.fusion`); every other path reads the same values through the views.
 
     - KV memory: `kv_budget_bytes`, or `kv_fraction` of the device's free memory, or by default what
       `max_batch_size` sequences of `max_model_len` tokens need, capped at half the free memory.
@@ -79,6 +82,9 @@ class RolloutEngine:
         self.allocator = BlockAllocator(num_blocks)
         self.scheduler = Scheduler(self.allocator, block_size, max_batch_size, max_prefill_tokens)
         self.slots = AdapterSlots(model, adapter_policy)
+        # q/k/v and gate/up of a packed base become row slices of one buffer each, so a decode step reads each
+        # group in one GEMV (quant.fusion); the trainer sees the same values through the views.
+        self.fused_projections = fuse_projections(model)
         max_blocks = blocks_for(self.max_model_len, block_size)
         self.runner = ModelRunner(model, self.cache, max_blocks, None)
         self.graphs_disabled_reason = ("cuda_graphs=False" if not cuda_graphs
