@@ -32,7 +32,7 @@ from .linear import (
 from .logsumexp import logsumexp
 from .lora import lora_add, lora_add_many
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
-from .rmsnorm import rms_norm
+from .rmsnorm import add_rms_norm, rms_norm
 from .rope import rope
 from .sampling import sample
 
@@ -57,6 +57,7 @@ __all__ = [
     "lora_add_many",
     "paged_attention",
     "rms_norm",
+    "add_rms_norm",
     "rope",
     "sample",
     "set_batch_invariant",

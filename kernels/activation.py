@@ -24,8 +24,8 @@ _BLOCK = 1024
 
 @triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
-    row = tl.program_id(1).to(tl.int64)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)  # rows on axis 0: a prefill has more than axis 1's 65535
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
@@ -51,7 +51,7 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     if out.numel():
         h = gate.shape[-1] if gate.dim() else 1
         g2, u2 = _rows(gate, h), _rows(up, h)
-        grid = (triton.cdiv(h, _BLOCK), g2.shape[0])
+        grid = (g2.shape[0], triton.cdiv(h, _BLOCK))
         _silu_mul_kernel[grid](g2, u2, out, h, g2.stride(0), u2.stride(0), BLOCK=_BLOCK, LIBDEVICE=not INTERPRETED,
                                num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)  # fmt: skip
     return out

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .attention_split import CHUNK, merge_partials, num_splits, should_split
+from .attention_split import CHUNK, merge_partials, num_splits, split_chunk
 from .mode import is_batch_invariant
 
 # The one tile config of every launch. 64 x 64 with 4 warps is a Hopper warpgroup MMA tile for prefill;
@@ -186,8 +186,10 @@ def _pad(d: int) -> int:
     return max(16, triton.next_power_of_2(d))  # tl.dot needs every dim >= 16
 
 
-def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides, v_strides, paged, page, ml=None):
-    """ml: the split path's [B, H, chunks, 2] (m, l) buffer; `out` is then the fp32 partial acc."""
+def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides, v_strides, paged, page, ml=None,
+            chunk=CHUNK):
+    """ml: the split path's [B, H, chunks, 2] (m, l) buffer; `out` is then the fp32 partial acc of `chunk`-key
+    chunks."""
     _attn_kernel[grid](
         q,
         k,
@@ -221,7 +223,7 @@ def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides
         # fp32 inputs ask for true fp32 products; Triton would otherwise use tf32 tensor cores.
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         SPLIT=ml is not None,
-        CHUNK=CHUNK,
+        CHUNK=chunk,
         num_warps=_NUM_WARPS,
         num_stages=_NUM_STAGES,
         enable_fp_fusion=False,
@@ -299,8 +301,8 @@ def paged_attention(
     [B] int (keys 0..ctx-1 are attended; 0 gives zeros). Returns [B, H, 1, Dv] in q.dtype. No host syncs:
     CUDA-graph capturable.
 
-    split: walk each row's keys in CHUNK-key chunks on parallel programs and merge them (attention_split; for
-    small batches with long key spans). False: never, and a row equals `attention`'s row for the same query
+    split: walk each row's keys in chunks on parallel programs and merge them (attention_split; for small
+    batches with long key spans). False: never, and a row equals `attention`'s row for the same query
     and keys bit for bit (the batch-invariant path). None: False in batch-invariant mode, else decided from
     the shapes (B, Hkv, W * block_size), never from context_lens. True: always (for tests and benchmarks).
     """
@@ -329,9 +331,11 @@ def paged_attention(
     rep = h // hkv
     tiles = triton.cdiv(rep, _BLOCK_M)
     max_keys = block_tables.shape[1] * page
+    chunk = split_chunk(bsz * hkv * tiles, max_keys, q.device)
     if split is None:
-        split = not is_batch_invariant() and should_split(bsz * hkv * tiles, max_keys, q.device)
-    chunks = num_splits(max_keys) if split else 1
+        split = not is_batch_invariant() and chunk is not None
+    chunk = chunk or CHUNK
+    chunks = num_splits(max_keys, chunk) if split else 1
     dst, ml = out, None
     if split:
         dst = torch.empty((bsz, h, chunks, dv), dtype=torch.float32, device=q.device)
@@ -342,8 +346,8 @@ def paged_attention(
         scale, rep, 1, 0,
         (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3)),
         (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3)),
-        paged=True, page=page, ml=ml,
+        paged=True, page=page, ml=ml, chunk=chunk,
     )  # fmt: skip
     if split:
-        merge_partials(dst, ml, out, context_lens, block_tables.shape[1], page)
+        merge_partials(dst, ml, out, context_lens, block_tables.shape[1], page, chunk)
     return out

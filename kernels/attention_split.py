@@ -6,17 +6,13 @@ path launches `_attn_kernel` with SPLIT on: program (chunk c, group, sequence) w
 [c * CHUNK, (c + 1) * CHUNK) of its sequence with the unsplit loop and stores fp32 partials (row max m, sum of
 exp2 l, unnormalized acc); `merge_partials` then combines a row's chunks in chunk order.
 
-Why CHUNK = 256: it must be a multiple of BLOCK_N (64) so every key block lies inside one chunk and the loop is
-the unsplit one. Four blocks per program keep the two-stage K/V pipeline busy past its prologue and amortize a
-program's fixed costs (q load, partial store: 2 KB fp32 per query row at Dv 128, vs 64 KB of K/V read per
-chunk at Dk 128 bf16). And it fills the machine at rollout lengths: at batch 1, 8 kv heads and ~4K keys it
-gives 16 x 8 = 128 programs, about one wave on 132 SMs; at ~600 keys 3 chunks still triple the parallelism.
+The chunk is a power of two >= BLOCK_N (64), so every key block lies inside one chunk and the loop is the
+unsplit one, chosen so the grid holds about two programs per SM: `split_chunk`. At batch 1 a Qwen3-8B layer
+(8 programs unsplit) at ~600 keys gets 64-key chunks, 80 programs each walking one key block instead of 8
+walking ten: decode attention at small batch is a chain of dependent block loads, not a bandwidth problem. At
+~4K keys it gets 128-key chunks (256 programs); batch 16 (128 programs) gets 2-3 chunks; batch 64 does not split.
+A forced split (split=True) where the policy would not split uses CHUNK.
 
-The number of chunks comes from the block-table width only (the most keys a row can have), never from the
-context lengths, so the launch is CUDA-graph capturable. A chunk at or past a row's length stores nothing and
-the merge reads only chunks that hold keys, so those chunks are exact no-ops. The result is deterministic (a
-fixed chunk split and merge order) but rounds differently from the unsplit kernel, which is why the
-batch-invariant mode never splits.
 """
 
 from __future__ import annotations
@@ -28,7 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-CHUNK = 256  # keys per split program; a multiple of attention._BLOCK_N (see the module docstring)
+CHUNK = 256  # keys per split program of a forced split the policy would not make (tests, benchmarks)
+MIN_CHUNK = 64  # attention._BLOCK_N: a key block never straddles two chunks
 _MERGE_SPLITS = 16  # chunks merged per step: a [16, Dv_pad] fp32 tile stays in registers
 _DEFAULT_SMS = 132  # an H200's; what the CPU interpreter assumes, so its tests take the GPU's decisions
 
@@ -40,15 +37,23 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def split_chunk(programs: int, max_keys: int, device: torch.device) -> int | None:
+    """Keys per program for splitting decode over keys, from host shapes only (CUDA-graph capturable), or None:
+    enough chunks that the unsplit grid of `programs` grows to about two programs per SM, each a power of two
+    >= MIN_CHUNK; None when the grid already has that many or a row holds only one chunk."""
+    want = -(-2 * _sm_count(torch.device(device)) // max(programs, 1))
+    if want < 2:
+        return None
+    chunk = max(MIN_CHUNK, triton.next_power_of_2(-(-max_keys // want)))
+    return chunk if chunk < max_keys else None
+
+
 def should_split(programs: int, max_keys: int, device: torch.device) -> bool:
-    """Whether to split decode over keys, from host shapes only: the unsplit grid of `programs` would leave at
-    least half the SMs idle and a row can hold more than one chunk. Decode is bound by K/V reads, so a grid
-    that already touches most SMs pulls most of the bandwidth; splitting it would only add the merge."""
-    return max_keys > CHUNK and 2 * programs <= _sm_count(torch.device(device))
+    return split_chunk(programs, max_keys, device) is not None
 
 
-def num_splits(max_keys: int) -> int:
-    return max(1, triton.cdiv(max_keys, CHUNK))
+def num_splits(max_keys: int, chunk: int = CHUNK) -> int:
+    return max(1, triton.cdiv(max_keys, chunk))
 
 
 @triton.jit(do_not_specialize=["n_table"])
@@ -108,7 +113,8 @@ def _merge_kernel(
     tl.store(o_ptr + b * so_b + h * so_h + dv * so_d, out.to(o_ptr.dtype.element_ty), mask=dv < DV)
 
 
-def merge_partials(part: Tensor, ml: Tensor, out: Tensor, context_lens: Tensor, n_table: int, page: int) -> None:
+def merge_partials(part: Tensor, ml: Tensor, out: Tensor, context_lens: Tensor, n_table: int, page: int,
+                   chunk: int = CHUNK) -> None:
     """part [B, H, S, Dv] fp32 unnormalized acc, ml [B, H, S, 2] fp32 (m, l) -> out [B, H, 1, Dv]."""
     bsz, h, _, dv = part.shape
     _merge_kernel[(h, bsz)](
@@ -124,7 +130,7 @@ def merge_partials(part: Tensor, ml: Tensor, out: Tensor, context_lens: Tensor, 
         out.stride(3),
         context_lens.stride(0),
         PAGE=page,
-        CHUNK=CHUNK,
+        CHUNK=chunk,
         DV=dv,
         DV_PAD=max(16, triton.next_power_of_2(dv)),
         SB=_MERGE_SPLITS,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .formats import INT4, PackedWeight
 from .mode import is_batch_invariant
 
 
@@ -136,9 +137,9 @@ _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small
 _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 
 
-def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool, n: int = 0,
-              k: int = 0) -> GemvConfig | None:
-    """The small-M kernel's config for M rows of `dtype` activations times an [n, k] weight, or None where the
+def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,
+              w: PackedWeight | None = None) -> GemvConfig | None:
+    """The small-M kernel's config for M rows of `dtype` activations times weight `w`, or None where the
     tile GEMM serves: larger M, batch-invariant mode (its single fixed tile config must serve every M) and, on
     the GPU, anything but int4 through the packed-bf16 decoder (`packed_int4`; bf16 activations): the kernel
     reads every format, but was tuned and measured on that one only."""
@@ -148,9 +149,17 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if m == 1 and k <= 4096 and n >= 4 * _GEMV_TALL.block_n * sm_count(device):
-        return _GEMV_TALL
+    if m == 1 and w is not None and w.k <= 4096 and w.n >= 4 * _GEMV_TALL.block_n * sm_count(device):
+        if tma_ok(w, _GEMV_TALL):
+            return _GEMV_TALL
     return next(cfg for bound, cfg in _GEMV if m <= bound)
+
+
+def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
+    """Whether the descriptor variant reads `w`: int4 whose rows of words and of scales are 16-byte
+    multiples (TMA strides), with whole groups per tile and a 16-byte scale box."""
+    return (w.fmt.code == INT4 and w.experts is None and w.k % 32 == 0 and w.scale.shape[-1] % 8 == 0
+            and cfg.block_k >= 8 * w.group and w.values.is_contiguous() and w.scale.is_contiguous())  # fmt: skip
 
 
 # Decode int4 with the packed-bf16 PTX path when activations are bf16 (see dequant.py); set False to

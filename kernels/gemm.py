@@ -212,7 +212,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         # Decode sizes: the bandwidth-bound small-M kernel (never in batch-invariant mode, which keeps
         # its one fixed tile config for every M; pick_gemv returns None there).
         packed_int4 = fast_int4(w, a.dtype)
-        gcfg = pick_gemv(m, a.device, a.dtype, packed_int4, w.n, w.k)
+        gcfg = pick_gemv(m, a.device, a.dtype, packed_int4, w)
         if gcfg is not None:
             a2 = a2 if a2.stride(1) == 1 else a2.contiguous()
             gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4)

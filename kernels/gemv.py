@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .configs import GemvConfig, gemv_splits
+from .configs import GemvConfig, gemv_splits, tma_ok
 from .dequant import (
     _expand_groups,
     _int4_words_to_bf16,
@@ -40,7 +40,7 @@ from .dequant import (
     int4_values,
     load_scales,
 )
-from .formats import INT4, PackedWeight
+from .formats import PackedWeight
 
 
 @triton.jit
@@ -340,13 +340,6 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
         acc = _dot_step(w, x, acc, BM, BK, ONE_ROW)
     _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, stride_om,
                BN, BM, SPLIT)
-
-
-def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
-    """Whether the descriptor variant reads `w`: int4 whose rows of words and of scales are 16-byte
-    multiples (TMA strides), with whole groups per tile and a 16-byte scale box."""
-    return (w.fmt.code == INT4 and w.experts is None and w.k % 32 == 0 and w.scale.shape[-1] % 8 == 0
-            and cfg.block_k >= 8 * w.group and w.values.is_contiguous() and w.scale.is_contiguous())  # fmt: skip
 
 
 def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool) -> Tensor:

@@ -44,6 +44,9 @@ def test_silu_mul_noncontiguous_empty_and_bad_inputs():
     out = kernels.silu_mul(gate, up)
     assert out.is_contiguous() and torch.equal(out, _torch_steps_with_numpy_exp(gate, up))
     assert kernels.silu_mul(gate[:0], up[:0]).shape == (0, 40)
+    fused = torch.randn(2, 3, 64, generator=gen)  # gate | up side by side, as one fused projection writes them
+    g, u = fused[..., :32], fused[..., 32:]
+    assert torch.equal(kernels.silu_mul(g, u), _torch_steps_with_numpy_exp(g.contiguous(), u.contiguous()))
     with pytest.raises(ValueError, match="one shape"):
         kernels.silu_mul(gate, up[:, :3])
     with pytest.raises(TypeError, match="bf16"):
@@ -78,3 +81,12 @@ def test_silu_mul_fp32_gpu():
     gate[:6] = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 100.0, -100.0])  # denormals, exp over/underflow
     up = torch.randn(gate.shape, generator=gen, device="cuda")
     _assert_bitwise(kernels.silu_mul(gate, up), F.silu(gate) * up)
+
+
+@pytest.mark.gpu
+@gpu
+def test_silu_mul_gpu_many_strided_rows():
+    # more rows than a grid's second axis holds (65535), read in place from a fused gate|up output
+    fused = torch.randn(70000, 2, 96, device="cuda").bfloat16()
+    g, u = fused[:, 0], fused[:, 1]
+    _assert_bitwise(kernels.silu_mul(g, u), F.silu(g) * u)

@@ -17,7 +17,7 @@ the same bound holds; a split and an unsplit output, each within it of the refer
 import pytest
 import torch
 import torch.nn.functional as F
-from orbit_lightning.kernels.attention_split import CHUNK, should_split
+from orbit_lightning.kernels.attention_split import CHUNK, should_split, split_chunk
 
 from orbit_lightning import kernels
 
@@ -253,10 +253,11 @@ def test_split_chunks_past_the_context_are_no_ops():
 @pytest.mark.usefixtures("cpu_kernels")
 def test_split_dispatch():
     cpu = torch.device("cpu")  # decided as for an H200's 132 SMs
-    assert should_split(8, 576, cpu)  # Qwen3-8B at batch 1: 8 programs
-    assert should_split(64, 4096, cpu)  # batch 8
-    assert not should_split(8, CHUNK, cpu)  # one chunk: nothing to split
-    assert not should_split(128, 4096, cpu)  # batch 16 already reaches most SMs
+    assert split_chunk(8, 592, cpu) == 64  # Qwen3-8B at batch 1 (8 programs): 10 chunks of one key block
+    assert split_chunk(8, 4096, cpu) == 128  # 32 chunks: 256 programs
+    assert split_chunk(128, 4096, cpu) == 2048  # batch 16: 2 chunks
+    assert not should_split(8, 64, cpu)  # one key block: nothing to split
+    assert not should_split(512, 4096, cpu)  # batch 64 already has ~4 programs per SM
     lens = [CHUNK + 40, 3]
     q, _, _, k_cache, v_cache, table = _split_case(lens, 4, 2, 16, 16, 16, torch.float32, seed=50)
     args = (q, k_cache, v_cache, table, torch.tensor(lens), 0.25)

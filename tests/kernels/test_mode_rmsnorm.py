@@ -56,7 +56,7 @@ def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rms_norm_matches_reference(dtype):
     gen = torch.Generator().manual_seed(0)
-    x = (torch.randn(3, 2, 1100, generator=gen) * 3).to(dtype)  # H > 1024: two chunks, a masked tail
+    x = (torch.randn(3, 2, 1100, generator=gen) * 3).to(dtype)  # H not a power of two: a masked tail
     w = (1 + 0.1 * torch.randn(1100, generator=gen)).to(dtype)
     y = kernels.rms_norm(x, w, eps=1e-6)
     ref = _rms_ref(x, w, 1e-6)
@@ -67,3 +67,28 @@ def test_rms_norm_matches_reference(dtype):
     assert ((y.double() - ref).abs() <= rel * ref.abs() + 1e-7).all()
     with pytest.raises(ValueError, match=r"\[H\]"):
         kernels.rms_norm(x, w[:-1])
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rms_norm_is_the_add_then_the_norm(dtype):
+    # One launch for a residual add and the next norm: the same bits as torch's add followed by rms_norm.
+    gen = torch.Generator().manual_seed(1)
+    x, h = ((torch.randn(2, 3, 300, generator=gen) * 3).to(dtype) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(300, generator=gen)).to(dtype)
+    total, y = kernels.add_rms_norm(x, h[:, :, :], w, eps=1e-6)
+    assert torch.equal(total, x + h)
+    assert torch.equal(y, kernels.rms_norm(x + h, w, eps=1e-6))
+    with pytest.raises(ValueError, match="one shape"):
+        kernels.add_rms_norm(x, h[..., :-1], w)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 300])
+def test_add_rms_norm_gpu_bf16_bitwise(rows):
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x, h = ((torch.randn(rows, 4096, generator=gen, device="cuda") * 2).bfloat16() for _ in range(2))
+    w = (1 + 0.1 * torch.randn(4096, generator=gen, device="cuda")).bfloat16()
+    total, y = kernels.add_rms_norm(x, h, w, eps=1e-6)
+    assert torch.equal(total, x + h) and torch.equal(y, kernels.rms_norm(x + h, w, eps=1e-6))

@@ -20,9 +20,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], ctx: AttentionContext) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], ctx: AttentionContext,
+                residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The layer on the stream x + residual, returned as (stream, mlp_out) for the caller to add: each residual
+        add runs in one launch with the norm that follows it (RMSNorm.add_forward)."""
+        x, h = self.input_layernorm.add_forward(x, residual)
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(h, rope, ctx))
+        return x, self.mlp(h)
 
 
 class Backbone(nn.Module):
@@ -62,9 +66,10 @@ class CausalLM(nn.Module):
             ctx = CausalContext(attention_mask, t, input_ids.device)
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rotary(position_ids)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, rope, ctx)
-        return self.model.norm(x)
+            x, residual = layer(x, rope, ctx, residual)
+        return self.model.norm.add_forward(x, residual)[1]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, ctx: AttentionContext | None = None) -> Tensor:

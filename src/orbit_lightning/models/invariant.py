@@ -132,6 +132,17 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, reference: Callable[[Tensor,
     return with_reference_grad(lambda x_, w_: k.rms_norm(x_, w_, eps), reference, x, weight)
 
 
+def add_rms_norm(x: Tensor, h: Tensor, weight: Tensor, eps: float, reference: Callable[[Tensor, Tensor], Tensor]
+                 ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(x + h, RMSNorm(x + h)): one kernel where rms_norm takes the kernel and no autograd graph is needed (its
+    result is bitwise the add followed by that kernel), else the add and rms_norm."""
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or h.requires_grad or weight.requires_grad)
+    if needs_grad or not kernels_take(x) or h.dtype != x.dtype or h.shape != x.shape:
+        s = x + h
+        return s, rms_norm(s, weight, eps, reference)
+    return kernels_module().add_rms_norm(x, h, weight, eps)
+
+
 def logsumexp(x: Tensor) -> Tensor:
     """logsumexp over the last dim, fp32."""
     if not use_kernels(x):

@@ -42,6 +42,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return invariant.rms_norm(x, self.weight, self.eps, self.reference)
 
+    def add_forward(self, x: Tensor, h: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(x + h, self(x + h)), the residual add and this norm in one launch where the kernel serves; h None: (x,
+        self(x))."""
+        if h is None:
+            return x, self(x)
+        return invariant.add_rms_norm(x, h, self.weight, self.eps, self.reference)
+
     def reference(self, x: Tensor, weight: Tensor) -> Tensor:
         # Normalise in fp32 (bf16 mean-of-squares loses ~3 digits), cast back before the weight as HF does.
         dtype = x.dtype
