@@ -18,6 +18,7 @@ from .attention import attention, paged_attention
 from .configs import TileConfig
 from .dequant_weight import dequantize
 from .formats import FORMATS, supports
+from .kv_write import kv_write
 from .linear import (
     dequant_linear,
     dequant_linear_dx,
@@ -51,6 +52,7 @@ __all__ = [
     "int4_linear_dx",
     "is_batch_invariant",
     "kernels_available",
+    "kv_write",
     "linear",
     "logsumexp",
     "lora_add",

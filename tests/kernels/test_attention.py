@@ -374,3 +374,20 @@ def test_split_paged_attention_cuda_graph_gpu():
                 continue
             ref = _reference(q[b : b + 1], k_seq[b : b + 1, :, :n], v_seq[b : b + 1, :, :n], scale)
             _assert_close(static_out[b : b + 1], ref, v_seq)
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kv_write_equals_index_copy(dtype):
+    # The one-launch cache write against the two index copies it replaces (incl. a conversion to the cache dtype
+    # and strided k/v rows, as a transposed [B, Hkv, 1, d] view gives).
+    g = torch.Generator().manual_seed(3)
+    kc, vc = torch.zeros(40, 2, 24, dtype=torch.float16), torch.zeros(40, 2, 20, dtype=torch.float16)
+    k = torch.randn(5, 2, 24, generator=g).to(dtype)
+    v = torch.randn(2, 5, 20, generator=g).to(dtype).transpose(0, 1)  # rows strided
+    slots = torch.tensor([3, 17, 0, 39, 21])
+    want_k, want_v = kc.clone().index_copy_(0, slots, k.half()), vc.clone().index_copy_(0, slots, v.half())
+    kernels.kv_write(kc, vc, slots, k, v)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    with pytest.raises(ValueError, match="slots"):
+        kernels.kv_write(kc, vc, slots[:2], k, v)

@@ -77,9 +77,14 @@ class PagedKVCache:
             self.v[:, d] = self.v[:, s]
 
     def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
-        """slots [N] flat slot ids (block * block_size + offset); k [N, Hkv, dk], v [N, Hkv, dv]."""
-        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k.to(self.k.dtype))
-        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v.to(self.v.dtype))
+        """slots [N] flat slot ids (block * block_size + offset); k [N, Hkv, dk], v [N, Hkv, dv]. One launch on
+        CUDA (kernels.kv_write), two index copies elsewhere: the same copied values either way."""
+        kc, vc = self.k[layer].view(-1, *k.shape[1:]), self.v[layer].view(-1, *v.shape[1:])
+        if k.is_cuda and kernels_run_on(k.device) and k.stride(-1) == 1 and v.stride(-1) == 1:
+            kernels_module().kv_write(kc, vc, slots, k, v)
+            return
+        kc.index_copy_(0, slots, k.to(self.k.dtype))
+        vc.index_copy_(0, slots, v.to(self.v.dtype))
 
     def gather(self, layer: int, block_tables: Tensor) -> tuple[Tensor, Tensor]:
         """block_tables [B, W] -> k [B, Hkv, W*block_size, dk], v [B, Hkv, W*block_size, dv]."""
