@@ -6,13 +6,14 @@ path launches `_attn_kernel` with SPLIT on: program (chunk c, group, sequence) w
 [c * CHUNK, (c + 1) * CHUNK) of its sequence with the unsplit loop and stores fp32 partials (row max m, sum of
 exp2 l, unnormalized acc); `merge_partials` then combines a row's chunks in chunk order.
 
-The chunk is a power of two >= BLOCK_N (64), so every key block lies inside one chunk and the loop is the
-unsplit one, chosen so the grid holds about two programs per SM: `split_chunk`. At batch 1 a Qwen3-8B layer
-(8 programs unsplit) at ~600 keys gets 64-key chunks, 80 programs each walking one key block instead of 8
-walking ten: decode attention at small batch is a chain of dependent block loads, not a bandwidth problem. At
-~4K keys it gets 128-key chunks (256 programs); batch 16 (128 programs) gets 2-3 chunks; batch 64 does not split.
-A forced split (split=True) where the policy would not split uses CHUNK.
-
+A split happens when the unsplit grid would leave at least half the SMs idle (decode is bound by K/V reads,
+and a grid that already touches most SMs pulls most of the bandwidth: splitting it only adds the merge; the
+H200 measured batch 16 on Qwen3-8B, 128 programs, slower split). The chunk is then a power of two >= BLOCK_N
+(64), so every key block lies inside one chunk and the loop is the unsplit one, sized for about two programs
+per SM: `split_chunk`. At batch 1 a Qwen3-8B layer (8 programs) at ~600 keys gets 64-key chunks, 80 programs
+each walking one key block instead of 8 walking ten: at small batch decode attention is a chain of dependent
+block loads. At ~4K keys it gets 128-key chunks (256 programs). A forced split (split=True) where the policy
+would not split uses CHUNK.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ def _sm_count(device: torch.device) -> int:
 
 def split_chunk(programs: int, max_keys: int, device: torch.device) -> int | None:
     """Keys per program for splitting decode over keys, from host shapes only (CUDA-graph capturable), or None:
-    enough chunks that the unsplit grid of `programs` grows to about two programs per SM, each a power of two
-    >= MIN_CHUNK; None when the grid already has that many or a row holds only one chunk."""
-    want = -(-2 * _sm_count(torch.device(device)) // max(programs, 1))
-    if want < 2:
+    when the unsplit grid of `programs` fills at most half the SMs, enough chunks for about two programs per SM,
+    each a power of two >= MIN_CHUNK; None otherwise or when a row holds only one chunk."""
+    sms = _sm_count(torch.device(device))
+    if 2 * programs > sms:
         return None
+    want = -(-2 * sms // max(programs, 1))
     chunk = max(MIN_CHUNK, triton.next_power_of_2(-(-max_keys // want)))
     return chunk if chunk < max_keys else None
 

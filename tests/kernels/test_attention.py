@@ -255,9 +255,9 @@ def test_split_dispatch():
     cpu = torch.device("cpu")  # decided as for an H200's 132 SMs
     assert split_chunk(8, 592, cpu) == 64  # Qwen3-8B at batch 1 (8 programs): 10 chunks of one key block
     assert split_chunk(8, 4096, cpu) == 128  # 32 chunks: 256 programs
-    assert split_chunk(128, 4096, cpu) == 2048  # batch 16: 2 chunks
+    assert split_chunk(64, 592, cpu) == 128  # Qwen3-30B-A3B at batch 16 (4 kv heads): 5 chunks
     assert not should_split(8, 64, cpu)  # one key block: nothing to split
-    assert not should_split(512, 4096, cpu)  # batch 64 already has ~4 programs per SM
+    assert not should_split(128, 4096, cpu)  # Qwen3-8B at batch 16 already reaches most SMs
     lens = [CHUNK + 40, 3]
     q, _, _, k_cache, v_cache, table = _split_case(lens, 4, 2, 16, 16, 16, torch.float32, seed=50)
     args = (q, k_cache, v_cache, table, torch.tensor(lens), 0.25)
