@@ -6,11 +6,12 @@ on the row's position in the batch or on how tokens were grouped. The trainer (l
 rollout engine (M = 1..64) then produce bit-identical rows for the same input.
 
 Covered here: the dense and grouped GEMMs, packed or plain (which share one tile config, so a token's
-row is reduced alike on the dense and the MoE path), `rms_norm` and `logsumexp` (one row per program in
-every mode) and `attention` / `paged_attention` (one tile config, key blocks counted from each
+row is reduced alike on the dense and the MoE path), `rms_norm`, `add_rms_norm` and `logsumexp` (one row
+per program in every mode; the add is torch's) and `attention` / `paged_attention` (one tile config, key blocks counted from each
 sequence's first real token; paged_attention's flash-decoding split, which reduces keys in another order, is
 only chosen outside this mode). `orbit_lightning.models.invariant.invariant_mode` routes a
-model's forward through them.
+model's forward through them; the fused decode projections (`quant.fusion.project`) stand aside in it, so the
+engine makes the trainer's per-layer calls.
 """
 
 from __future__ import annotations
