@@ -18,12 +18,15 @@ from torch import Tensor
 from triton.language.extra.cuda import libdevice
 
 from .gemm import INTERPRETED
+from .pdl import use_pdl, wait_for_producers
 
 _BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
+                     PDL: tl.constexpr):
+    wait_for_producers(PDL)
     row = tl.program_id(0).to(tl.int64)  # rows on axis 0: a prefill has more than axis 1's 65535
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -52,8 +55,10 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
         h = gate.shape[-1] if gate.dim() else 1
         g2, u2 = _rows(gate, h), _rows(up, h)
         grid = (g2.shape[0], triton.cdiv(h, _BLOCK))
+        pdl = use_pdl(out.device)
         _silu_mul_kernel[grid](g2, u2, out, h, g2.stride(0), u2.stride(0), BLOCK=_BLOCK, LIBDEVICE=not INTERPRETED,
-                               num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)  # fmt: skip
+                               PDL=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False,
+                               enable_reflect_ftz=False)  # fmt: skip
     return out
 
 

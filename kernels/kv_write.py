@@ -10,12 +10,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .pdl import use_pdl, wait_for_producers
+
 
 @triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kn, stride_kh, stride_vn, stride_vh,
                      stride_cs, stride_ch, stride_ds, stride_dh, DK: tl.constexpr, DV: tl.constexpr,
-                     BK: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+                     BK: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """Token n, kv head h: k[n, h] -> k_cache[slot[n], h] and v[n, h] -> v_cache[slot[n], h]."""
+    wait_for_producers(PDL)
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + n).to(tl.int64)
@@ -41,8 +44,10 @@ def kv_write(k_cache: Tensor, v_cache: Tensor, slots: Tensor, k: Tensor, v: Tens
         raise ValueError("kv_write needs a unit stride along the head dim")
     if n == 0 or hkv == 0:
         return
+    pdl = use_pdl(k.device)
     _kv_write_kernel[(n, hkv)](
         k, v, k_cache, v_cache, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=triton.next_power_of_2(dv), num_warps=1,
+        DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=triton.next_power_of_2(dv), PDL=pdl, launch_pdl=pdl,
+        num_warps=1,
     )  # fmt: skip

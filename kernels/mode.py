@@ -5,13 +5,17 @@ reduction, so the fp32 accumulation order of an output row depends only on K (or
 on the row's position in the batch or on how tokens were grouped. The trainer (large M) and the
 rollout engine (M = 1..64) then produce bit-identical rows for the same input.
 
-Covered here: the dense and grouped GEMMs, packed or plain (which share one tile config, so a token's
-row is reduced alike on the dense and the MoE path), `rms_norm`, `add_rms_norm` and `logsumexp` (one row
-per program in every mode; the add is torch's) and `attention` / `paged_attention` (one tile config, key blocks counted from each
-sequence's first real token; paged_attention's flash-decoding split, which reduces keys in another order, is
-only chosen outside this mode). `orbit_lightning.models.invariant.invariant_mode` routes a
-model's forward through them; the fused decode projections (`quant.fusion.project`) stand aside in it, so the
-engine makes the trainer's per-layer calls.
+Covered here:
+- the dense and grouped GEMMs, packed or plain. They share one tile config, so a token's row is reduced
+  alike on the dense and the MoE path;
+- `rms_norm`, `add_rms_norm` and `logsumexp`: one row per program in every mode (the add is torch's);
+- `attention` / `paged_attention`: one tile config, with key blocks counted from each sequence's first real
+  token. paged_attention's flash-decoding split reduces keys in another order, so it is only chosen outside
+  this mode.
+
+`orbit_lightning.models.invariant.invariant_mode` routes a model's forward through them. The fused decode
+projections (`quant.fusion.project`) stand aside in this mode, so the engine makes the trainer's per-layer
+calls.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .pdl import use_pdl, wait_for_producers
+
 # The chunk depends on the hidden size only, so the reduction order does too. Up to 8192 a row is one chunk:
 # at decode a launch is a handful of rows, and each chunk of a longer loop costs a dependent memory round trip.
 _BLOCK = 8192
@@ -15,9 +17,10 @@ _BLOCK = 8192
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, h_ptr, sum_ptr, H, stride_x, stride_o, stride_h, stride_s, eps,
-                    BLOCK: tl.constexpr, RESIDUAL: tl.constexpr):  # fmt: skip
+                    BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """out = RMSNorm(v) * w per row, v = x, or (RESIDUAL) v = x + h rounded to x's dtype and also stored to sum:
     torch's `x + h`, so the pair is bitwise the add followed by this kernel on its result."""
+    wait_for_producers(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     h_row = h_ptr + row * stride_h
@@ -72,10 +75,11 @@ def _launch(x: Tensor, h: Tensor | None, weight: Tensor, eps: float) -> tuple[Te
         h2, total = _rows(h, hid), torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = min(_BLOCK, triton.next_power_of_2(hid))
+        pdl = use_pdl(x.device)
         _rmsnorm_kernel[(x2.shape[0],)](
             x2, weight.contiguous(), out, x2 if h2 is None else h2, out if total is None else total, hid,
             x2.stride(0), out.stride(0), 0 if h2 is None else h2.stride(0), 0 if total is None else total.stride(0),
-            eps, BLOCK=block, RESIDUAL=h2 is not None, num_warps=8 if block >= 4096 else 4,
+            eps, BLOCK=block, RESIDUAL=h2 is not None, PDL=pdl, launch_pdl=pdl, num_warps=8 if block >= 4096 else 4,
         )  # fmt: skip
     return (None if total is None else total.reshape(x.shape)), out.reshape(x.shape)
 

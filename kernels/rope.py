@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .pdl import use_pdl, wait_for_producers
+
 _TILE = 2048  # elements per program: heads x head_dim
 
 
@@ -47,7 +49,9 @@ def _rope_heads(x_ptr, o_ptr, heads, hb, bi, ti, sxb, sxh, sxt, sxd, sob, soh, s
 def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, T, HQ, HK, q_blocks,
                  sqb, sqh, sqt, sqd, skb, skh, skt, skd, sqob, sqoh, sqot, skob, skoh, skot,
                  scb, sct, scd, ssb, sst, ssd,
-                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVE: tl.constexpr):
+                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVE: tl.constexpr,
+                 PDL: tl.constexpr):
+    wait_for_producers(PDL)
     row = tl.program_id(0)  # one (batch, position)
     hb = tl.program_id(1)  # a block of q heads, then of k heads
     bi = (row // T).to(tl.int64)
@@ -109,13 +113,14 @@ def rope(q: Tensor, k: Tensor | None, cos: Tensor, sin: Tensor,
     block_h = max(1, min(triton.next_power_of_2(max(hq, hk)), _TILE // block_d))
     q_blocks = triton.cdiv(hq, block_h)
     grid = (b * t, q_blocks + triton.cdiv(hk, block_h))
+    pdl = use_pdl(q.device)
     if b * t and hq + hk:
         _rope_kernel[grid](
             q, k, qo, ko, cos, sin, t, hq, hk, q_blocks,
             q.stride(0), q.stride(1), q.stride(2), q.stride(3), k.stride(0), k.stride(1), k.stride(2), k.stride(3),
             qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
             *cos.stride(), *sin.stride(),
-            D=d, BLOCK_D=block_d, BLOCK_H=block_h, INTERLEAVE=interleave,
+            D=d, BLOCK_D=block_d, BLOCK_H=block_h, INTERLEAVE=interleave, PDL=pdl, launch_pdl=pdl,
             num_warps=max(1, min(4, block_h * block_d // 256)),
             enable_fp_fusion=False,  # x*cos + rot*sin must round the products, as torch's separate ops do
         )
