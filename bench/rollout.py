@@ -29,6 +29,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 
 import peft
 import torch
+from orbit_lightning.kernels import pdl as kernels_pdl
 
 from orbit_lightning import add_adapter, load_model
 from orbit_lightning.adapters import AdapterLayer
@@ -57,6 +58,8 @@ def parse_args() -> argparse.Namespace:
                     help="tokens per sequence per engine step (multi-step decode); default: the engine's")
     ap.add_argument("--gather-attention", action="store_true",
                     help="decode attention by gathering the paged KV + SDPA instead of the paged kernel")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch the decode kernels without programmatic dependent launch (kernels.pdl), to A/B it")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="profile this many steady decode steps of each run and print the top kernels")
     ap.add_argument("--no-hf", action="store_true")
@@ -72,6 +75,8 @@ def parse_args() -> argparse.Namespace:
     a.dtype = getattr(torch, a.dtype)
     if a.gather_attention:
         kv_cache.PAGED_KERNEL = False
+    if a.no_pdl:
+        kernels_pdl.ENABLED = False
     return a
 
 

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from .attention_split import CHUNK, merge_partials, num_splits, split_chunk
 from .mode import is_batch_invariant
+from .pdl import use_pdl, wait_for_producers
 
 # The one tile config of every launch. 64 x 64 with 4 warps is a Hopper warpgroup MMA tile for prefill;
 # decode packs a GQA group's query heads as rows, so its extra MMA work hides under the key/value loads.
@@ -92,9 +93,11 @@ def _attn_kernel(
     PREC: tl.constexpr,
     SPLIT: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """k/v strides (sk_0, sk_1) are (batch, position) for prefill and (block, slot) for the paged cache.
     SPLIT (paged only, see attention_split): o_ptr is fp32 partials [B, H, chunks, Dv] and ml_ptr [B, H, chunks, 2]."""
+    wait_for_producers(PDL)
     if SPLIT:  # dim 0 enumerates (key chunk, row tile) pairs
         n_m = (rep + BM - 1) // BM
         pid_m = tl.program_id(0) % n_m
@@ -190,6 +193,7 @@ def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides
             chunk=CHUNK):
     """ml: the split path's [B, H, chunks, 2] (m, l) buffer; `out` is then the fp32 partial acc of `chunk`-key
     chunks."""
+    pdl = use_pdl(q.device)
     _attn_kernel[grid](
         q,
         k,
@@ -224,6 +228,8 @@ def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         SPLIT=ml is not None,
         CHUNK=chunk,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=_NUM_WARPS,
         num_stages=_NUM_STAGES,
         enable_fp_fusion=False,

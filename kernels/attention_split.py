@@ -25,6 +25,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .pdl import use_pdl, wait_for_producers
+
 CHUNK = 256  # keys per split program of a forced split the policy would not make (tests, benchmarks)
 MIN_CHUNK = 64  # attention._BLOCK_N: a key block never straddles two chunks
 _MERGE_SPLITS = 16  # chunks merged per step: a [16, Dv_pad] fp32 tile stays in registers
@@ -81,8 +83,10 @@ def _merge_kernel(
     DV: tl.constexpr,
     DV_PAD: tl.constexpr,
     SB: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per (query head, sequence): out = sum_c 2^(m_c - M) acc_c / sum_c 2^(m_c - M) l_c."""
+    wait_for_producers(PDL)
     h = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     ctx = tl.load(ctx_ptr + b * s_ctx).to(tl.int32)
@@ -119,6 +123,7 @@ def merge_partials(part: Tensor, ml: Tensor, out: Tensor, context_lens: Tensor, 
                    chunk: int = CHUNK) -> None:
     """part [B, H, S, Dv] fp32 unnormalized acc, ml [B, H, S, 2] fp32 (m, l) -> out [B, H, 1, Dv]."""
     bsz, h, _, dv = part.shape
+    pdl = use_pdl(part.device)
     _merge_kernel[(h, bsz)](
         part,
         ml,
@@ -136,5 +141,7 @@ def merge_partials(part: Tensor, ml: Tensor, out: Tensor, context_lens: Tensor, 
         DV=dv,
         DV_PAD=max(16, triton.next_power_of_2(dv)),
         SB=_MERGE_SPLITS,
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=4,
     )

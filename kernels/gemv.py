@@ -41,6 +41,7 @@ from .dequant import (
     load_scales,
 )
 from .formats import PackedWeight
+from .pdl import use_pdl, wait_for_producers
 
 
 @triton.jit
@@ -228,7 +229,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                  stride_xm, stride_wn, stride_sn, stride_om,
                  FMT: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, DOT: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr,
-                 SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr):  # fmt: skip
+                 SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr,
+                 PDL: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -255,6 +257,9 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
         if TWO:
             wb_next, sb_next = _load_packed(w_ptr, s_ptr, rows, k_lo + BK, tl.where(k_lo + BK < k_hi, N, 0), K,
                                             n_groups, stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+    # Everything above reads frozen weights only, so under PDL it overlaps the previous kernel's tail; the
+    # activations (and every store) come after the wait.
+    wait_for_producers(PDL)
     if DOT and PREFETCH:
         xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo, k_hi, BM, BK, ONE_ROW)
         if TWO:
@@ -318,7 +323,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
 def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits,
                      stride_xm, stride_om, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, FAST_INT4: tl.constexpr, SPLIT: tl.constexpr, ONE_ROW: tl.constexpr,
-                     STAGES: tl.constexpr):  # fmt: skip
+                     STAGES: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    wait_for_producers(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -358,13 +364,14 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
         cnt = tickets(n_tiles * m_tiles)
     else:
         ws = cnt = out  # unused without a split
+    pdl = use_pdl(x.device)
     if cfg.tma and tma_ok(w, cfg):  # else the pointer kernel with the same tiles
         w_desc = TensorDescriptor.from_tensor(w.values, [cfg.block_n, cfg.block_k // 8])
         s_desc = TensorDescriptor.from_tensor(w.scale, [cfg.block_n, cfg.block_k // w.group])
         _gemv_tma_kernel[(n_tiles, split, m_tiles)](
             x, w_desc, s_desc, out, ws, cnt, m, n, k, k_per_split, split, x.stride(0), out.stride(0),
             GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, FAST_INT4=fast_int4,
-            SPLIT=split > 1, ONE_ROW=m == 1, STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+            SPLIT=split > 1, ONE_ROW=m == 1, STAGES=cfg.num_stages, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps,
         )  # fmt: skip
         return out
     gs = w.global_scale if w.global_scale is not None else w.scale
@@ -374,7 +381,7 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
         x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0),
         FMT=w.fmt.code, GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, DOT=cfg.dot,
         K_EVEN=k % cfg.block_k == 0, FAST_INT4=fast_int4, SPLIT=split > 1, PREFETCH=cfg.prefetch,
-        ONE_ROW=m == 1, TWO=cfg.dot and cfg.two_tiles,
+        ONE_ROW=m == 1, TWO=cfg.dot and cfg.two_tiles, PDL=pdl, launch_pdl=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     return out

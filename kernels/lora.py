@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .pdl import use_pdl, wait_for_producers
+
 _BM, _BN, _BK = 16, 64, 256
 MAX_ROWS = 64  # decode batches; larger ones keep torch's GEMMs
 
@@ -39,9 +41,10 @@ def _pick(seg, v0, v1, v2):
 
 @triton.jit(do_not_specialize=["M"])
 def _lora_down_kernel(x_ptr, a0, a1, a2, ws_ptr, M, K, R, stride_xm, BM: tl.constexpr, BK: tl.constexpr,
-                      BR: tl.constexpr):  # fmt: skip
+                      BR: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """Partial t_s = x[:, K-slice s] @ A_g[:, K-slice s]^T, fp32 [BM, BR], into ws[g, s] (one K slice and one
     adapter g per program; every A is [R, K] contiguous)."""
+    wait_for_producers(PDL)
     s = tl.program_id(0)
     pid_m = tl.program_id(1)
     seg = tl.program_id(2)
@@ -59,9 +62,11 @@ def _lora_down_kernel(x_ptr, a0, a1, a2, ws_ptr, M, K, R, stride_xm, BM: tl.cons
 
 @triton.jit(do_not_specialize=["M", "S", "n0", "n1", "n2"])  # (an int 1 would become a constexpr in _pick)
 def _lora_up_kernel(ws_ptr, b0, b1, b2, y_ptr, out_ptr, M, R, S, n0, n1, n2, scale0, scale1, scale2,
-                    stride_ym, stride_om, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+                    stride_ym, stride_om, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
+                    PDL: tl.constexpr):  # fmt: skip
     """out[:, cols of g] = y + scale_g * round(sum_s ws[g, s]) @ B_g^T for one (row tile, N tile); adapter g's
     columns follow those of the adapters before it, and its tiles those of theirs. Partials in slice order."""
+    wait_for_producers(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     t1 = tl.cdiv(n0, BN)
@@ -124,12 +129,13 @@ def lora_add_many(y: Tensor, x: Tensor, a: list[Tensor], b: list[Tensor], scale:
     out = torch.empty((m, n), dtype=y.dtype, device=y.device)
     if m:
         br = max(16, triton.next_power_of_2(r))
+        pdl = use_pdl(x.device)
         slices, row_tiles = triton.cdiv(k, _BK), triton.cdiv(m, _BM)
         ws = torch.empty((len(a), slices, m, br), dtype=torch.float32, device=x.device)
         _lora_down_kernel[(slices, row_tiles, len(a))](x2, *a, *a[:1] * pad, ws, m, k, r, x2.stride(0), BM=_BM,
-                                                       BK=_BK, BR=br, num_warps=4)  # fmt: skip
+                                                       BK=_BK, BR=br, PDL=pdl, launch_pdl=pdl, num_warps=4)  # fmt: skip
         n_tiles = sum(triton.cdiv(ng, _BN) for ng in ns)
         _lora_up_kernel[(n_tiles, row_tiles)](ws, *b, *b[:1] * pad, y2, out, m, r, slices, *ns, *[0] * pad,
                                               *map(float, scale), *[0.0] * pad, y2.stride(0), out.stride(0),
-                                              BM=_BM, BN=_BN, BR=br, num_warps=4)  # fmt: skip
+                                              BM=_BM, BN=_BN, BR=br, PDL=pdl, launch_pdl=pdl, num_warps=4)  # fmt: skip
     return out.view(y.shape)

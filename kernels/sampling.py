@@ -15,14 +15,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .pdl import use_pdl, wait_for_producers
+
 _CHUNK = 2048  # vocabulary entries per program: a 152k vocabulary spreads over ~75 programs per row
 _GOLDEN = tl.constexpr(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: spreads steps over the key space
 
 
 @triton.jit
 def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, step_ptr, best_ptr, idx_ptr, n_chunks,
-                   CHUNK: tl.constexpr):
+                   CHUNK: tl.constexpr, PDL: tl.constexpr):
     """The best (score, index) of one row's vocabulary chunk; ties keep the lowest index."""
+    wait_for_producers(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
@@ -57,8 +60,9 @@ def sample(logits: Tensor, temperature: Tensor, seeds: Tensor, steps: Tensor) ->
     n_chunks = triton.cdiv(v, chunk)
     best = torch.empty((b, n_chunks), dtype=torch.float32, device=dev)
     idx = torch.empty((b, n_chunks), dtype=torch.int32, device=dev)
+    pdl = use_pdl(logits.device)
     _sample_kernel[(b, n_chunks)](logits, logits.stride(0), v, temperature.float(), seeds.long(), steps.long(), best,
-                                  idx, n_chunks, CHUNK=chunk, num_warps=4)
+                                  idx, n_chunks, CHUNK=chunk, PDL=pdl, launch_pdl=pdl, num_warps=4)
     # Chunks are in index order and argmax keeps the first maximum, so ties still go to the lowest index. A row
     # of all -inf picks chunk 0's first entry, index 0.
     won = best.argmax(dim=-1, keepdim=True)
