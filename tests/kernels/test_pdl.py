@@ -24,7 +24,7 @@ def test_pdl_is_taken_only_where_it_runs(monkeypatch):
 @pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-qwen3-moe"])
 def test_graphed_decode_is_bitwise_the_same_with_and_without_pdl_gpu(preset, monkeypatch):
     model = lora_model(preset, dtype=torch.bfloat16, device="cuda")
-    ps = prompts(256, [5, 17, 9, 30], seed=23)
+    ps = prompts(256, [5, 17, 30], seed=23)  # one prompt per UNMASKED params
     runs = []
     for enabled in (False, True):
         monkeypatch.setattr(pdl, "ENABLED", enabled)
