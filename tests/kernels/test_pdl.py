@@ -6,8 +6,8 @@ missing or misplaced wait would show up as a race (stale activations) in the bf1
 
 import pytest
 import torch
-
 from orbit_lightning.kernels import pdl
+
 from orbit_lightning.rollout import RolloutEngine
 from tests.rollout.test_multi_step import UNMASKED, _summary, lora_model, prompts
 
