@@ -2,7 +2,8 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: all; sections: tests rollout rlstep default kernels)
-# Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/.
+# Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
+# .commit (see below).
 set -u
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OUT
@@ -11,7 +12,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { echo "install failed"; tail "$OUT/install.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
+# The device gets a copy of the working tree whose .git may be stale: the commit comes from `.commit`, written on
+# this side before the run (`git rev-parse --short HEAD > .commit`, carried like .whl), else from git.
+{ cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null; } | tee "$OUT/commit.txt"
 sections=${*:-tests rlstep default rollout}
 for s in $sections; do
   start=$(date +%s)
