@@ -160,3 +160,26 @@ def test_gpu_tall_fused_group_takes_the_tma_gemv(monkeypatch):
         got = project(x, layers)
     assert picked == [configs._GEMV_TALL]  # 24576 rows at M = 1 on an H200-sized GPU
     _close_to_separate(got, want)
+
+
+def test_layers_fusion_cannot_serve_keep_their_own_forward(monkeypatch):
+    # An OFT adapter rotates each layer's input: the stacked matmul would skip that, so those groups run per layer
+    # (bitwise as before), while groups of plain LoRA-free members (gate/up here) still take the stacked matmul.
+    model = load_model("tiny-qwen3", quant="int4", dtype=torch.float32).eval()
+    add_adapter(model, peft.OFTConfig(oft_block_size=16, target_modules=["q_proj", "k_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("oft_R"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    ids = torch.randint(0, 256, (2, 3), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids)
+        fuse_projections(model)
+        calls = []
+        real = dispatch.dequant_matmul
+        monkeypatch.setattr(dispatch, "dequant_matmul", lambda x, layer: calls.append(layer) or real(x, layer))
+        got = model(ids)
+    fused = [c for c in calls if isinstance(c, FusedRows)]
+    assert len(fused) == model.config.num_hidden_layers  # gate/up only
+    assert all(c.members[0] is layer.mlp.gate_proj for c, layer in zip(fused, model.model.layers))
+    assert (got - want).abs().max() <= 1e-5
