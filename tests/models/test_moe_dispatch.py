@@ -122,3 +122,34 @@ def test_grouped_mm_paths_agree_with_empty_groups():
     active = [i for i, s in enumerate(sizes) if s]
     chunk = ExpertGroups.chunk(active, [sizes[i] for i in active], x.device)
     assert torch.equal(grouped_mm(x, chunk.select(w), chunk), grouped_mm(x, w, device))
+
+
+@pytest.mark.parametrize("name", sorted(ROUTINGS))
+def test_permutation_gathers_give_autograds_index_gradients_bitwise(name):
+    # dispatch/combine move rows by a permutation with a gather-backward op; autograd's own advanced indexing
+    # (scatter into zeros, then the k slots summed) is the oracle, bit for bit.
+    from orbit_lightning.models import moe
+
+    experts = random_experts()
+    x, ids, w = routing(name)
+    t, k = ids.shape
+
+    def indexed(src_x, ys_fn):
+        order = ids.reshape(-1).argsort(stable=True)
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
+        xs = src_x[:, None].expand(t, k, D)[order // k, order % k]
+        y = ys_fn(xs)[inverse].view(t, k, D)
+        return sum((y[:, j] * w[:, j : j + 1] for j in range(1, k)), (y[:, 0] * w[:, :1]))
+
+    ys_fn = lambda xs: moe._expert_mlp(experts, xs, ExpertGroups(moe._expert_offsets(  # noqa: E731
+        ids.reshape(-1).sort(stable=True).values, E)))
+    grads = []
+    for run in (lambda xx: experts(xx, ids, w), lambda xx: indexed(xx, ys_fn)):
+        xg = x.clone().requires_grad_()
+        y = run(xg)
+        y.pow(2).sum().backward()
+        grads.append((y.detach(), xg.grad, [p.grad.clone() for p in experts.parameters()]))
+        experts.zero_grad()
+    (y0, dx0, dw0), (y1, dx1, dw1) = grads
+    assert torch.equal(y0, y1) and torch.equal(dx0, dx1)
+    assert all(torch.equal(a, b) for a, b in zip(dw0, dw1))
