@@ -17,6 +17,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import libdevice
 
+from .formats import as_rows
 from .gemm import INTERPRETED
 from .pdl import use_pdl, wait_for_producers
 
@@ -53,7 +54,7 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel():
         h = gate.shape[-1] if gate.dim() else 1
-        g2, u2 = _rows(gate, h), _rows(up, h)
+        g2, u2 = as_rows(gate, h), as_rows(up, h)
         grid = (g2.shape[0], triton.cdiv(h, _BLOCK))
         pdl = use_pdl(out.device)
         _silu_mul_kernel[grid](g2, u2, out, h, g2.stride(0), u2.stride(0), BLOCK=_BLOCK, LIBDEVICE=not INTERPRETED,
@@ -61,12 +62,3 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
                                enable_reflect_ftz=False)  # fmt: skip
     return out
 
-
-def _rows(t: Tensor, h: int) -> Tensor:
-    """t as [rows, h] with a unit last stride: a view when the layout allows, else a contiguous copy."""
-    if t.dim() >= 2 and t.stride(-1) == 1:
-        try:
-            return t.view(-1, h)
-        except RuntimeError:  # leading dims that do not flatten
-            pass
-    return t.contiguous().view(-1, h)

@@ -18,13 +18,12 @@ would not split uses CHUNK.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from .configs import sm_count
 from .pdl import use_pdl, wait_for_producers
 
 CHUNK = 256  # keys per split program of a forced split the policy would not make (tests, benchmarks)
@@ -33,11 +32,8 @@ _MERGE_SPLITS = 16  # chunks merged per step: a [16, Dv_pad] fp32 tile stays in 
 _DEFAULT_SMS = 132  # an H200's; what the CPU interpreter assumes, so its tests take the GPU's decisions
 
 
-@functools.cache
 def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return _DEFAULT_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return sm_count(device) if device.type == "cuda" else _DEFAULT_SMS
 
 
 def split_chunk(programs: int, max_keys: int, device: torch.device) -> int | None:

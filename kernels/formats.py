@@ -106,6 +106,13 @@ def plain(weight: Tensor, stacked: bool) -> PackedWeight:
     return PackedWeight(_PLAIN, w, w, None, w.shape[-2], w.shape[-1], 16, w.shape[0] if stacked else None)
 
 
+def as_rows(t: Tensor, width: int) -> Tensor:
+    """t [..., width] as [rows, width] with a unit last stride, as the kernels index rows: a view where the
+    layout allows (e.g. a column slice of a wider output), else a contiguous copy."""
+    t2 = t.reshape(-1, width)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .formats import as_rows
 from .pdl import use_pdl, wait_for_producers
 
 _BM, _BN, _BK = 16, 64, 256
@@ -110,19 +111,15 @@ def lora_add_many(y: Tensor, x: Tensor, a: list[Tensor], b: list[Tensor], scale:
     ns = [bg.shape[0] for bg in b]
     n = y.shape[-1]
     for ag, bg in zip(a, b):
-        if ag.shape != (r, k) or bg.shape != (bg.shape[0], r) or bg.dim() != 2:
+        if ag.shape != (r, k) or bg.dim() != 2 or bg.shape[1] != r:
             raise ValueError(f"lora_add: A {tuple(ag.shape)} / B {tuple(bg.shape)} do not fit x [..., {k}] and "
                              f"rank {r}")  # fmt: skip
     if sum(ns) != n:
         raise ValueError(f"lora_add: B outputs {ns} do not add up to y [..., {n}]")
-    x2, y2 = x.reshape(-1, k), y.reshape(-1, n)
+    x2, y2 = as_rows(x, k), as_rows(y, n)
     m = x2.shape[0]
     if m > MAX_ROWS:
         raise ValueError(f"lora_add serves decode batches of <= {MAX_ROWS} rows, got {m}")
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    if y2.stride(-1) != 1:
-        y2 = y2.contiguous()
     a = [t.contiguous() for t in a]
     b = [t.contiguous() for t in b]
     pad = MAX_SEGMENTS - len(a)

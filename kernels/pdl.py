@@ -40,11 +40,11 @@ def wait_for_producers(PDL: tl.constexpr):
 
 def use_pdl(device: torch.device) -> bool:
     """Whether kernels launched on `device` take PDL: enabled, compiled (not Triton's interpreter) and sm_90+."""
-    from .gemm import INTERPRETED
-
-    if not (ENABLED and _HAVE) or INTERPRETED or device.type != "cuda":
+    if not ENABLED or device.type != "cuda":
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _CAPABLE:
-        _CAPABLE[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
+        from .gemm import INTERPRETED  # (here, not at import: gemm imports the kernels that import this module)
+
+        _CAPABLE[idx] = _HAVE and not INTERPRETED and torch.cuda.get_device_capability(idx) >= (9, 0)
     return _CAPABLE[idx]

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .formats import as_rows
 from .pdl import use_pdl, wait_for_producers
 
 # The chunk depends on the hidden size only, so the reduction order does too. Up to 8192 a row is one chunk:
@@ -68,11 +69,11 @@ def _launch(x: Tensor, h: Tensor | None, weight: Tensor, eps: float) -> tuple[Te
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device} but weight is on {weight.device}")
     hid = x.shape[-1]
-    x2 = _rows(x, hid)
+    x2 = as_rows(x, hid)
     out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     h2 = total = None
     if h is not None:
-        h2, total = _rows(h, hid), torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+        h2, total = as_rows(h, hid), torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = min(_BLOCK, triton.next_power_of_2(hid))
         pdl = use_pdl(x.device)
@@ -83,7 +84,3 @@ def _launch(x: Tensor, h: Tensor | None, weight: Tensor, eps: float) -> tuple[Te
         )  # fmt: skip
     return (None if total is None else total.reshape(x.shape)), out.reshape(x.shape)
 
-
-def _rows(t: Tensor, hid: int) -> Tensor:
-    t2 = t.reshape(-1, hid)
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()

@@ -67,12 +67,15 @@ def add_deltas(layers, y: Tensor, x: Tensor) -> Tensor | None:
     """The LoRA deltas of `layers` (LoraLinears reading x, outputs side by side in y) added in one kernel pair, or
     None unless every layer has an active adapter of one rank that the decode kernel takes."""
     tensors = [m.active_tensors() if isinstance(m, LoraLinear) else None for m in layers]
-    if any(t is None for t in tensors) or len(layers) > 3:
+    if any(t is None for t in tensors):
         return None
     a, b = [t["lora_A"] for t in tensors], [t["lora_B"] for t in tensors]
     if len({t.shape[0] for t in a}) != 1 or not all(_fused_decode(x, ag, m.dropout) for ag, m in zip(a, layers)):
         return None
-    return kernels_module().lora_add_many(y, x, a, b, [m.scaling for m in layers])
+    kernels = kernels_module()
+    if len(layers) > kernels.lora.MAX_SEGMENTS:
+        return None
+    return kernels.lora_add_many(y, x, a, b, [m.scaling for m in layers])
 
 
 def _fused_decode(x: Tensor, a: Tensor, dropout: nn.Module) -> bool:

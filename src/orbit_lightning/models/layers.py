@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..quant.fusion import project
 from ..triton_kernels import kernels_module
 from . import invariant
 from .config import RopeConfig
@@ -145,8 +146,6 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        from ..quant.fusion import project  # (lazy: quant.fusion imports the adapters, which import models)
-
         gate, up = project(x, (self.gate_proj, self.up_proj))
         return self.down_proj(silu_mul(gate, up))
 

@@ -31,13 +31,13 @@ class FusedRows:
         self.splits = [m.out_features for m in members]
         self.out_features = sum(self.splits)
         self.compute_dtype = first.compute_dtype
-        self._stacked = stacked
-        self._shape = torch.tensor([self.out_features, self.in_features], dtype=torch.int64,
-                                   device=first.packed()["weight_shape"].device)
+        shape = torch.tensor([self.out_features, self.in_features], dtype=torch.int64,
+                             device=first.packed()["weight_shape"].device)
+        self._packed = {**stacked, "weight_shape": shape}
         self._ptrs = [{k: getattr(m, k).data_ptr() for k in stacked} for m in members]
 
     def packed(self) -> dict[str, Tensor]:
-        return {**self._stacked, "weight_shape": self._shape}
+        return self._packed
 
     def dequantize(self, dtype: torch.dtype | None = None) -> Tensor:
         return self.fmt.dequantize(self.packed(), dtype or self.compute_dtype)

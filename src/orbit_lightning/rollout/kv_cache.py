@@ -125,12 +125,10 @@ class PagedAttention:
                          v.transpose(1, 2).reshape(b * t, h, -1))
         if self.block_tables is None:
             return causal_attention(q, k, v, self.allowed, scale)  # right padding only: no kv_start
-        deterministic = invariant.use_kernels(q)
-        if t == 1 and (deterministic or (q.is_cuda and PAGED_KERNEL and kernels_run_on(q.device))):
-            # Batch-invariant decode must reduce keys as prefill does: never the split (flash-decoding) path.
+        if t == 1 and (invariant.use_kernels(q) or (q.is_cuda and PAGED_KERNEL and kernels_run_on(q.device))):
+            # (paged_attention itself never splits keys in batch-invariant mode: decode then reduces as prefill)
             return kernels_module().paged_attention(q, self.cache.k[layer_idx], self.cache.v[layer_idx],
-                                                    self.block_tables, self.context_lens, scale,
-                                                    split=False if deterministic else None)
+                                                    self.block_tables, self.context_lens, scale)
         kc, vc = self.cache.gather(layer_idx, self.block_tables)
         kc, vc = kc.to(q.dtype), vc.to(q.dtype)
         if t > 1 or q.shape[1] == h:
