@@ -18,6 +18,7 @@ from .attention import attention, paged_attention
 from .configs import TileConfig
 from .dequant_weight import dequantize
 from .formats import FORMATS, supports
+from .gemv_lora import LoraDelta
 from .kv_write import kv_write
 from .linear import (
     dequant_linear,
@@ -39,6 +40,7 @@ from .sampling import sample
 
 __all__ = [
     "FORMATS",
+    "LoraDelta",
     "TileConfig",
     "attention",
     "batch_invariant",

@@ -19,6 +19,8 @@ from .configs import TileConfig, auto_split, pick_config, pick_gemv
 from .dequant import dequant_tile, load_scales
 from .formats import INT4, PLAIN, PackedWeight
 from .gemv import gemv
+from .gemv_lora import LoraDelta, fits
+from .lora import lora_add_many
 
 
 @triton.jit
@@ -191,11 +193,15 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None = None) -> Tensor:
-    """out = a @ W^T (forward) or a @ W (dx=True), W dequantized in-kernel.
+def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None = None,
+               lora: LoraDelta | None = None) -> Tensor:
+    """out = a @ W^T (forward) or a @ W (dx=True), W dequantized in-kernel; plus, for a forward of at most
+    lora.MAX_ROWS rows, the adapters' deltas `lora` (in the decode GEMV's own launch where they fit).
 
     a: [..., K] (forward) or [..., N] (dX), bf16/fp16/fp32; returns [..., N] or [..., K] in a.dtype.
     """
+    if lora is not None and dx:
+        raise ValueError("dense_gemm: LoRA deltas apply to the forward only")
     if w.experts is not None:
         raise ValueError("dense_gemm takes one matrix; use grouped_gemm for stacked experts")
     check_activation(a, w, dx, "dy" if dx else "x")
@@ -215,7 +221,10 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         gcfg = pick_gemv(m, a.device, a.dtype, packed_int4, w)
         if gcfg is not None:
             a2 = a2 if a2.stride(1) == 1 else a2.contiguous()
-            gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4)
+            fused = lora is not None and fits(lora, a2, p, gcfg.block_m, gcfg.block_n)
+            gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4, lora if fused else None)
+            if lora is not None and not fused:
+                out = lora_add_many(out, a2, *lora)
             return out.reshape(*lead, p)
     cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
@@ -237,4 +246,6 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         K_EVEN=k_even(w, cfg, dx), FAST_INT4=fast_int4(w, a.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if lora is not None:
+        out = lora_add_many(out, a2, *lora)
     return out.reshape(*lead, p)

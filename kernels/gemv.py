@@ -41,6 +41,8 @@ from .dequant import (
     load_scales,
 )
 from .formats import PackedWeight
+from .gemv_lora import _SUB as SUB
+from .gemv_lora import N_COUNTERS, SLICE, LoraDelta, fits, lora_args, lora_finish_tile, lora_rank_program
 from .pdl import use_pdl, wait_for_producers
 
 
@@ -186,22 +188,50 @@ def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.
 
 
 @triton.jit
-def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, stride_om,
-               BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr):
+def _coords(N, n_splits, N_A, BN: tl.constexpr, LORA: tl.constexpr):
+    """(pid_n, split, pid_m, is_rank) of this program. With LORA the grid is flat: N_A LoRA rank programs first
+    (gemv_lora.py), then the weight programs, N tiles fastest; without, the grid is (N tiles, splits, M tiles)."""
+    if LORA:
+        pid = tl.program_id(0)
+        q = tl.maximum(pid - N_A, 0)
+        n_tiles = tl.cdiv(N, BN)
+        return q % n_tiles, (q // n_tiles) % n_splits, q // (n_tiles * n_splits), pid < N_A
+    else:
+        return tl.program_id(0), tl.program_id(1), tl.program_id(2), False
+
+
+@triton.jit
+def _emit(val, out_ptrs, mask, pid_n, offs_n, N, n_writers, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
+          lst1, lst2, lr, lslices, lpart, lt, lcnt,
+          BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
+    """Store the finished out^T tile (fp32), with its LoRA delta added when LORA (gemv_lora.py)."""
+    y = val.to(out_ptrs.dtype.element_ty)
+    if LORA:
+        y = lora_finish_tile(y, pid_n * BN, offs_n, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt,
+                             lcnt, BN, BM, BR)  # fmt: skip
+    tl.store(out_ptrs, y, mask=mask)
+
+
+@triton.jit
+def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, n_tiles, stride_om,
+               la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
+               BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
     """Write the out^T tile acc[BN, BM]: directly, or (SPLIT) as split `split`'s fp32 partial, the last
-    program of the output tile summing all partials in split order."""
+    program of the output tile summing all partials in split order. n_tiles: output tiles along N."""
     offs_n = pid_n * BN + tl.arange(0, BN)
     mask = (offs_n[:, None] < N) & m_ok[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    n_writers = n_tiles * tl.cdiv(M, BM)
     if not SPLIT:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        _emit(acc, out_ptrs, mask, pid_n, offs_n, N, n_writers, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
+              lst1, lst2, lr, lslices, lpart, lt, lcnt, BN, BM, BR, LORA)
     else:
         # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
         # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
         part_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
         tl.store(part_ptrs + split.to(tl.int64) * M * N, acc, mask=mask)
         tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
+        tile = pid_m * n_tiles + pid_n
         ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if ticket == n_splits - 1:
             # Fixed order, so the sum does not depend on arrival order; four partials are loaded per round
@@ -215,119 +245,142 @@ def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok,
                 p3 = tl.load(part_ptrs + 3 * M * N, mask=mask & (left > 3), other=0.0, cache_modifier=".cg")
                 total = (((total + p0) + p1) + p2) + p3
                 part_ptrs += 4 * M * N
-            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
+            _emit(total, out_ptrs, mask, pid_n, offs_n, N, n_writers, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
+                  lst1, lst2, lr, lslices, lpart, lt, lcnt, BN, BM, BR, LORA)
 
 
 # M and the split count are never specialized, so one binary serves every decode batch size. Nor is the
 # scale row stride: unproven alignment makes the compiler load one scale per thread (2 bytes, not a
 # 16-byte vector of 8 groups), which is the register layout the decoder wants: thread (row, group) owns
 # the words of its group, so no scale is exchanged between threads before the decode.
-@triton.jit(do_not_specialize=["M", "n_splits", "stride_sn"])
+@triton.jit(do_not_specialize=["M", "n_splits", "stride_sn", "N_A", "lst1", "lst2", "lr", "lslices"])
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                  M, N, K, n_groups, k_per_split, n_splits,
                  stride_xm, stride_wn, stride_sn, stride_om,
+                 N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
                  FMT: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, DOT: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr,
                  SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr,
-                 PDL: tl.constexpr):  # fmt: skip
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    rows = pid_n * BN + tl.arange(0, BN)
-    m0 = pid_m.to(tl.int64) * BM
-    offs_m = m0 + tl.arange(0, BM)
-    m_ok = offs_m < M
-    k_lo = tl.multiple_of(split * k_per_split, BK)
-    k_hi = min(k_lo + k_per_split, K)
-    if FMT == 3:
-        gscale = tl.load(gs_ptr)
+                 PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+    pid_n, split, pid_m, is_rank = _coords(N, n_splits, N_A, BN, LORA)
+    if is_rank:  # a LoRA rank program (gemv_lora.py): the first N_A programs
+        wait_for_producers(PDL)
+        lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt,
+                          BM, BR, SLICE, SUB)  # fmt: skip
     else:
-        gscale = 1.0
-    acc = tl.zeros((BN, BM), dtype=tl.float32)  # out^T tile: weight rows first, as the dot's A operand
-    # With TWO a DOT iteration covers two BK tiles, loaded together: at BK = 128 each weight row is then
-    # read in 128-byte pieces (whole cache lines, not halves) while the decode keeps its BK = 128 tiles.
-    STEP: tl.constexpr = 2 * BK if TWO else BK
-    if FAST_INT4 and PREFETCH:
-        # The next iteration's words and scales (and activations) are loaded one iteration ahead, so a
-        # program always has loads in flight while it decodes and multiplies. A row bound of 0 masks a
-        # load past the program's last tile (no memory traffic).
-        wa_next, sa_next = _load_packed(w_ptr, s_ptr, rows, k_lo, tl.where(k_lo < k_hi, N, 0), K, n_groups,
-                                        stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
-        if TWO:
-            wb_next, sb_next = _load_packed(w_ptr, s_ptr, rows, k_lo + BK, tl.where(k_lo + BK < k_hi, N, 0), K,
-                                            n_groups, stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
-    # Everything above reads frozen weights only, so under PDL it overlaps the previous kernel's tail; the
-    # activations (and every store) come after the wait.
-    wait_for_producers(PDL)
-    if DOT and PREFETCH:
-        xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo, k_hi, BM, BK, ONE_ROW)
-        if TWO:
-            xb_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo + BK, k_hi, BM, BK, ONE_ROW)
-    for k0 in range(k_lo, k_hi, STEP):
-        if FAST_INT4:
-            if PREFETCH:
-                wa, sa = wa_next, sa_next
-                nxt = k0 + STEP
-                wa_next, sa_next = _load_packed(w_ptr, s_ptr, rows, nxt, tl.where(nxt < k_hi, N, 0), K, n_groups,
-                                                stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
-                if TWO:
-                    wb, sb = wb_next, sb_next
-                    n_b = tl.where(nxt + BK < k_hi, N, 0)
-                    wb_next, sb_next = _load_packed(w_ptr, s_ptr, rows, nxt + BK, n_b, K, n_groups,
+        rows = pid_n * BN + tl.arange(0, BN)
+        m0 = pid_m.to(tl.int64) * BM
+        offs_m = m0 + tl.arange(0, BM)
+        m_ok = offs_m < M
+        k_lo = tl.multiple_of(split * k_per_split, BK)
+        k_hi = min(k_lo + k_per_split, K)
+        if FMT == 3:
+            gscale = tl.load(gs_ptr)
+        else:
+            gscale = 1.0
+        acc = tl.zeros((BN, BM), dtype=tl.float32)  # out^T tile: weight rows first, as the dot's A operand
+        # With TWO a DOT iteration covers two BK tiles, loaded together: at BK = 128 each weight row is then
+        # read in 128-byte pieces (whole cache lines, not halves) while the decode keeps its BK = 128 tiles.
+        STEP: tl.constexpr = 2 * BK if TWO else BK
+        if FAST_INT4 and PREFETCH:
+            # The next iteration's words and scales (and activations) are loaded one iteration ahead, so a
+            # program always has loads in flight while it decodes and multiplies. A row bound of 0 masks a
+            # load past the program's last tile (no memory traffic).
+            wa_next, sa_next = _load_packed(w_ptr, s_ptr, rows, k_lo, tl.where(k_lo < k_hi, N, 0), K, n_groups,
+                                            stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+            if TWO:
+                wb_next, sb_next = _load_packed(w_ptr, s_ptr, rows, k_lo + BK, tl.where(k_lo + BK < k_hi, N, 0), K,
+                                                n_groups, stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+        # Everything above reads frozen weights only, so under PDL it overlaps the previous kernel's tail; the
+        # activations (and every store) come after the wait.
+        wait_for_producers(PDL)
+        if DOT and PREFETCH:
+            xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo, k_hi, BM, BK, ONE_ROW)
+            if TWO:
+                xb_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo + BK, k_hi, BM, BK, ONE_ROW)
+        for k0 in range(k_lo, k_hi, STEP):
+            if FAST_INT4:
+                if PREFETCH:
+                    wa, sa = wa_next, sa_next
+                    nxt = k0 + STEP
+                    wa_next, sa_next = _load_packed(w_ptr, s_ptr, rows, nxt, tl.where(nxt < k_hi, N, 0), K, n_groups,
                                                     stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+                    if TWO:
+                        wb, sb = wb_next, sb_next
+                        n_b = tl.where(nxt + BK < k_hi, N, 0)
+                        wb_next, sb_next = _load_packed(w_ptr, s_ptr, rows, nxt + BK, n_b, K, n_groups,
+                                                        stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+                else:
+                    wa, sa = _load_packed(w_ptr, s_ptr, rows, k0, N, K, n_groups, stride_wn, stride_sn,
+                                          FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+                    if TWO:
+                        wb, sb = _load_packed(w_ptr, s_ptr, rows, k0 + BK, tl.where(k0 + BK < k_hi, N, 0), K, n_groups,
+                                              stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+                if DOT:
+                    w = _int4_tile_mma(wa, sa, BN, BK, GROUP)
+                    if TWO:
+                        w2 = _int4_tile_mma(wb, sb, BN, BK, GROUP)
+                else:
+                    w = _int4_tile_f32(wa, sa, BN, BK, GROUP)
             else:
-                wa, sa = _load_packed(w_ptr, s_ptr, rows, k0, N, K, n_groups, stride_wn, stride_sn,
-                                      FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+                w = _generic_tile(w_ptr, s_ptr, rows, k0, N, K, n_groups, stride_wn, stride_sn, gscale,
+                                  FMT, BN, BK, GROUP, K_EVEN, x_ptr.dtype.element_ty, DOT)  # fmt: skip
                 if TWO:
-                    wb, sb = _load_packed(w_ptr, s_ptr, rows, k0 + BK, tl.where(k0 + BK < k_hi, N, 0), K, n_groups,
-                                          stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
+                    w2 = _generic_tile(w_ptr, s_ptr, rows, k0 + BK, tl.where(k0 + BK < k_hi, N, 0), K, n_groups,
+                                       stride_wn, stride_sn, gscale, FMT, BN, BK, GROUP, K_EVEN,
+                                       x_ptr.dtype.element_ty, DOT)  # fmt: skip
             if DOT:
-                w = _int4_tile_mma(wa, sa, BN, BK, GROUP)
+                if PREFETCH:  # activations one iteration ahead too (their L2 latency would stall the dot)
+                    xa = xa_next
+                    xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + STEP, k_hi, BM, BK, ONE_ROW)
+                    if TWO:
+                        xb = xb_next
+                        xb_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + STEP + BK, k_hi, BM, BK, ONE_ROW)
+                else:
+                    xa = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM, BK, ONE_ROW)
+                    if TWO:
+                        xb = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + BK, k_hi, BM, BK, ONE_ROW)
+                acc = _dot_step(w, xa, acc, BM, BK, ONE_ROW)
                 if TWO:
-                    w2 = _int4_tile_mma(wb, sb, BN, BK, GROUP)
+                    acc = _dot_step(w2, xb, acc, BM, BK, ONE_ROW)
             else:
-                w = _int4_tile_f32(wa, sa, BN, BK, GROUP)
-        else:
-            w = _generic_tile(w_ptr, s_ptr, rows, k0, N, K, n_groups, stride_wn, stride_sn, gscale,
-                              FMT, BN, BK, GROUP, K_EVEN, x_ptr.dtype.element_ty, DOT)  # fmt: skip
-            if TWO:
-                w2 = _generic_tile(w_ptr, s_ptr, rows, k0 + BK, tl.where(k0 + BK < k_hi, N, 0), K, n_groups,
-                                   stride_wn, stride_sn, gscale, FMT, BN, BK, GROUP, K_EVEN,
-                                   x_ptr.dtype.element_ty, DOT)  # fmt: skip
-        if DOT:
-            if PREFETCH:  # activations one iteration ahead too (their L2 latency would stall the dot)
-                xa = xa_next
-                xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + STEP, k_hi, BM, BK, ONE_ROW)
-                if TWO:
-                    xb = xb_next
-                    xb_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + STEP + BK, k_hi, BM, BK, ONE_ROW)
-            else:
-                xa = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM, BK, ONE_ROW)
-                if TWO:
-                    xb = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0 + BK, k_hi, BM, BK, ONE_ROW)
-            acc = _dot_step(w, xa, acc, BM, BK, ONE_ROW)
-            if TWO:
-                acc = _dot_step(w2, xb, acc, BM, BK, ONE_ROW)
-        else:
-            cols = k0 + tl.arange(0, BK)
-            acc = _fma_rows(w, x_ptr, m0, M, stride_xm, cols, cols < K, acc, BM)
-    _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, stride_om,
-               BN, BM, SPLIT)
+                cols = k0 + tl.arange(0, BK)
+                acc = _fma_rows(w, x_ptr, m0, M, stride_xm, cols, cols < K, acc, BM)
+        _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
+                   stride_om, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
+                   BN, BM, SPLIT, BR, LORA)  # fmt: skip
 
 
 # The descriptor variant (GemvConfig.tma, int4 only): words and scales arrive by TMA into shared memory,
 # `stages` iterations ahead under the compiler's software pipeline, so a program keeps several tiles in
 # flight with few registers and no address arithmetic; the boxes' zero fill replaces every mask.
-@triton.jit(do_not_specialize=["M", "n_splits"])
+@triton.jit(do_not_specialize=["M", "n_splits", "N_A", "lst1", "lst2", "lr", "lslices"])
 def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits,
-                     stride_xm, stride_om, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     stride_xm, stride_om, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
+                     lst1, lst2, lr, lslices, lpart, lt, lcnt,
+                     GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, FAST_INT4: tl.constexpr, SPLIT: tl.constexpr, ONE_ROW: tl.constexpr,
-                     STAGES: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                     STAGES: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr):  # fmt: skip
     wait_for_producers(PDL)
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    pid_n, split, pid_m, is_rank = _coords(N, n_splits, N_A, BN, LORA)
+    if is_rank:
+        lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt,
+                          BM, BR, SLICE, SUB)  # fmt: skip
+    else:
+        _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_xm,
+                     stride_om, pid_n, split, pid_m, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
+                     lst1, lst2, lr, lslices, lpart, lt, lcnt,
+                     GROUP, BM, BN, BK, FAST_INT4, SPLIT, ONE_ROW, STAGES, LORA, BR)  # fmt: skip
+
+
+@triton.jit
+def _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_xm,
+                 stride_om, pid_n, split, pid_m, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
+                 lst1, lst2, lr, lslices, lpart, lt, lcnt,
+                 GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST_INT4: tl.constexpr,
+                 SPLIT: tl.constexpr, ONE_ROW: tl.constexpr, STAGES: tl.constexpr, LORA: tl.constexpr,
+                 BR: tl.constexpr):  # fmt: skip
     m0 = pid_m.to(tl.int64) * BM
     offs_m = m0 + tl.arange(0, BM)
     m_ok = offs_m < M
@@ -344,14 +397,17 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
             w = _k_permute(w.to(x_ptr.dtype.element_ty), BN, BK)
         x = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM, BK, ONE_ROW)
         acc = _dot_step(w, x, acc, BM, BK, ONE_ROW)
-    _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, stride_om,
-               BN, BM, SPLIT)
+    _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
+               stride_om, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
+               BN, BM, SPLIT, BR, LORA)  # fmt: skip
 
 
-def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool) -> Tensor:
+def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool,
+         lora: LoraDelta | None = None) -> Tensor:
     """out[M, N] = x[M, K] @ W^T with the small-M kernel. x: [M, K] with unit stride along K; out: [M, N]
     contiguous; tickets(n) returns a zeroed int32 ticket buffer of at least n entries (gemm._tickets);
-    fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only)."""
+    fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only); lora: adapters
+    added in the same launch (gemv_lora.py; `gemv_lora.fits` must hold)."""
     m, k = x.shape
     n = w.n
     n_tiles = triton.cdiv(n, cfg.block_n)
@@ -359,29 +415,40 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
     step = cfg.block_k * (2 if cfg.dot and cfg.two_tiles else 1)
     k_per_split = gemv_splits(cfg, n_tiles * m_tiles, k, x.device, step) * step
     split = triton.cdiv(k, k_per_split)
-    if split > 1:
-        ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-        cnt = tickets(n_tiles * m_tiles)
+    n_tickets = n_tiles * m_tiles if split > 1 else 0
+    cnt = tickets(n_tickets + (N_COUNTERS if lora is not None else 0)) if split > 1 or lora is not None else out
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out  # unused if 1
+    grid = (n_tiles, split, m_tiles)
+    if lora is not None:
+        if not fits(lora, x, n, cfg.block_m, cfg.block_n):
+            raise ValueError("gemv: these LoRA adapters do not fit the fused path (gemv_lora.fits)")
+        largs = lora_args(lora, cfg.block_m, cnt[n_tickets:], x.device)
+        grid = (largs.programs + n_tiles * split * m_tiles,)
+        extra = dict(LORA=True, BR=largs.args[-3].shape[-1])
+        lora_tail = (largs.programs, *largs.args)
     else:
-        ws = cnt = out  # unused without a split
+        extra = dict(LORA=False, BR=16)
+        lora_tail = (0, *[out] * 6, *[0.0] * 3, 0, 0, 0, 0, out, out, out)
     pdl = use_pdl(x.device)
     if cfg.tma and tma_ok(w, cfg):  # else the pointer kernel with the same tiles
         w_desc = TensorDescriptor.from_tensor(w.values, [cfg.block_n, cfg.block_k // 8])
         s_desc = TensorDescriptor.from_tensor(w.scale, [cfg.block_n, cfg.block_k // w.group])
-        _gemv_tma_kernel[(n_tiles, split, m_tiles)](
-            x, w_desc, s_desc, out, ws, cnt, m, n, k, k_per_split, split, x.stride(0), out.stride(0),
+        _gemv_tma_kernel[grid](
+            x, w_desc, s_desc, out, ws, cnt, m, n, k, k_per_split, split, x.stride(0), out.stride(0), *lora_tail,
             GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, FAST_INT4=fast_int4,
             SPLIT=split > 1, ONE_ROW=m == 1, STAGES=cfg.num_stages, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps,
+            **extra,
         )  # fmt: skip
         return out
     gs = w.global_scale if w.global_scale is not None else w.scale
-    _gemv_kernel[(n_tiles, split, m_tiles)](
+    _gemv_kernel[grid](
         x, w.values, w.scale, gs, out, ws, cnt,
         m, n, k, w.scale.shape[-1], k_per_split, split,
-        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0),
+        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0), *lora_tail,
         FMT=w.fmt.code, GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, DOT=cfg.dot,
         K_EVEN=k % cfg.block_k == 0, FAST_INT4=fast_int4, SPLIT=split > 1, PREFETCH=cfg.prefetch,
         ONE_ROW=m == 1, TWO=cfg.dot and cfg.two_tiles, PDL=pdl, launch_pdl=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        **extra,
     )  # fmt: skip
     return out

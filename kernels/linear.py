@@ -16,6 +16,7 @@ from torch import Tensor
 from .configs import TileConfig
 from .formats import plain, resolve
 from .gemm import INTERPRETED, dense_gemm
+from .gemv_lora import LoraDelta
 from .grouped import grouped_gemm
 
 if TYPE_CHECKING:  # the quant package imports these kernels, not the other way round
@@ -31,9 +32,11 @@ def kernels_available(device: torch.device | str) -> bool:
 
 
 def dequant_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,
-                   config: TileConfig | None = None, **fmt_kw) -> Tensor:
-    """y = x @ W^T with W [N, K] decoded in-kernel. x: [..., K] bf16/fp16/fp32 -> y [..., N] in x.dtype."""
-    return dense_gemm(x, resolve(fmt, packed, stacked=False, **fmt_kw), dx=False, config=config)
+                   config: TileConfig | None = None, lora: LoraDelta | None = None, **fmt_kw) -> Tensor:
+    """y = x @ W^T with W [N, K] decoded in-kernel. x: [..., K] bf16/fp16/fp32 -> y [..., N] in x.dtype.
+    lora: adapters whose deltas s_g B_g (A_g x) are added on their columns (decode batches, <= lora.MAX_ROWS rows:
+    in the GEMV's launch where they fit, else by `lora_add_many`)."""
+    return dense_gemm(x, resolve(fmt, packed, stacked=False, **fmt_kw), dx=False, config=config, lora=lora)
 
 
 def dequant_linear_dx(dy: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,

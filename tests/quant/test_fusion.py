@@ -48,7 +48,8 @@ def test_fused_decode_matches_unfused_and_transformers(name, tmp_path, monkeypat
         assert fuse_projections(model) == 0  # idempotent
         calls = []
         real_matmul = dispatch.dequant_matmul
-        monkeypatch.setattr(dispatch, "dequant_matmul", lambda x, layer: calls.append(layer) or real_matmul(x, layer))
+        monkeypatch.setattr(dispatch, "dequant_matmul",
+                            lambda x, layer, lora=None: calls.append(layer) or real_matmul(x, layer, lora))
         after = model(ids, attention_mask=mask)
     assert sum(isinstance(c, FusedRows) for c in calls) == MODELS[name]  # each group ran as one matmul
     assert _packed_bytes(model) == bytes_before  # the stacked buffers replace the members' ones
@@ -121,7 +122,7 @@ def _close_to_separate(got, want):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_fused_qkv_and_gate_up_with_lora_match_per_layer_calls(tmp_path, monkeypatch):
-    from orbit_lightning import kernels
+    from orbit_lightning.kernels import gemm
 
     src = save_hf_model(make_hf_model("qwen3-gqa2"), tmp_path / "src")
     model = _lora(load_model(src, quant="int4", dtype=torch.bfloat16, device="cuda").eval())
@@ -133,10 +134,10 @@ def test_gpu_fused_qkv_and_gate_up_with_lora_match_per_layer_calls(tmp_path, mon
         want = [[m(x) for m in grp] for grp in groups for x in xs]
         fuse_projections(model)
         calls = []
-        real = kernels.lora_add_many
-        monkeypatch.setattr(kernels, "lora_add_many", lambda *a: calls.append(len(a[2])) or real(*a))
+        real = gemm.gemv
+        monkeypatch.setattr(gemm, "gemv", lambda *a: calls.append(a[6] and len(a[6].a)) or real(*a))
         got = [project(x, grp) for grp in groups for x in xs]
-    assert calls == [3, 3, 2, 2]  # one kernel pair per group and batch
+    assert calls == [3, 3, 2, 2]  # one GEMV launch per group and batch, every member's adapter riding in it
     for g, w in zip(got, want):
         _close_to_separate(g, w)
 
@@ -177,7 +178,8 @@ def test_layers_fusion_cannot_serve_keep_their_own_forward(monkeypatch):
         fuse_projections(model)
         calls = []
         real = dispatch.dequant_matmul
-        monkeypatch.setattr(dispatch, "dequant_matmul", lambda x, layer: calls.append(layer) or real(x, layer))
+        monkeypatch.setattr(dispatch, "dequant_matmul",
+                            lambda x, layer, lora=None: calls.append(layer) or real(x, layer, lora))
         got = model(ids)
     fused = [c for c in calls if isinstance(c, FusedRows)]
     assert len(fused) == model.config.num_hidden_layers  # gate/up only

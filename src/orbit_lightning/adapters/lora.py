@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from ..models import invariant
 from ..models.moe import Experts, dispatch_experts
 from ..quant.grouped import ExpertGroups, grouped_mm
+from ..quant.linear import QuantLinear
 from ..triton_kernels import kernels_module, kernels_run_on
 from .slots import AdapterLayer, AdapterState
 
@@ -49,7 +50,12 @@ class LoraLinear(AdapterLayer):
         self.in_features, self.out_features = k, n
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.add_delta(self.base_layer(x), x)
+        base = self.base_layer
+        if type(base) is QuantLinear and base.bias is None:
+            delta = decode_delta([self], x)
+            if delta is not None:  # decode: the adapter rides in the base GEMV's launch
+                return base.matmul(x, lora=delta)
+        return self.add_delta(base(x), x)
 
     def add_delta(self, y: Tensor, x: Tensor) -> Tensor:
         """y (the base's output for x) plus the active adapter's s · B(A(dropout(x)))."""
@@ -63,9 +69,10 @@ class LoraLinear(AdapterLayer):
         return y + (delta * self.scaling).to(y.dtype)
 
 
-def add_deltas(layers, y: Tensor, x: Tensor) -> Tensor | None:
-    """The LoRA deltas of `layers` (LoraLinears reading x, outputs side by side in y) added in one kernel pair, or
-    None unless every layer has an active adapter of one rank that the decode kernel takes."""
+def decode_delta(layers, x: Tensor):
+    """The active adapters of `layers` (LoraLinears reading x, outputs side by side) as one `kernels.LoraDelta` for
+    the decode kernels, which add them in the base matmul's launch; None unless every layer has an active adapter,
+    all of one rank, that the decode kernels take (see `_fused_decode`)."""
     tensors = [m.active_tensors() if isinstance(m, LoraLinear) else None for m in layers]
     if any(t is None for t in tensors):
         return None
@@ -75,7 +82,7 @@ def add_deltas(layers, y: Tensor, x: Tensor) -> Tensor | None:
     kernels = kernels_module()
     if len(layers) > kernels.lora.MAX_SEGMENTS:
         return None
-    return kernels.lora_add_many(y, x, a, b, [m.scaling for m in layers])
+    return kernels.LoraDelta(a, b, [m.scaling for m in layers])
 
 
 def _fused_decode(x: Tensor, a: Tensor, dropout: nn.Module) -> bool:

@@ -63,13 +63,17 @@ def _dense_weight(layer, dtype: torch.dtype, k) -> Tensor:
     return k.dequantize(layer.fmt, layer.packed(), dtype) if k is not None else layer.dequantize(dtype)
 
 
-def dequant_matmul(x: Tensor, layer) -> Tensor:
-    """x [..., K] @ W^T -> [..., N] for a QuantLinear `layer`."""
+def dequant_matmul(x: Tensor, layer, lora=None) -> Tensor:
+    """x [..., K] @ W^T -> [..., N] for a QuantLinear (or fused group) `layer`; plus the adapters `lora` (a
+    kernels.LoraDelta, which adapters.lora.decode_delta gives only for decode batches the kernels run)."""
     x2 = x.reshape(-1, x.shape[-1])
     k = _cuda_kernels(x2, layer.fmt)
     if k is not None and _fused(k, x2.shape[0]):
-        y = k.dequant_linear(x2, layer.fmt, layer.packed())
+        y = k.dequant_linear(x2, layer.fmt, layer.packed(), lora=lora)
     else:
+        if lora is not None:
+            raise ValueError(f"LoRA deltas ride only in the decode kernels' matmul, not with {x2.shape[0]} rows "
+                             f"on {x.device}")  # fmt: skip
         y = x2 @ _dense_weight(layer, x.dtype, k).t()
     return y.view(*x.shape[:-1], layer.out_features)
 

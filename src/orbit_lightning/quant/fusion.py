@@ -101,9 +101,9 @@ def project(x: Tensor, layers: Sequence[nn.Module]) -> list[Tensor]:
     """[layer(x) for layer in layers], as one matmul over the stacked rows when the layers' bases are one intact
     fused group, the batch is decode-sized, no autograd graph is needed (the fused matmul has no backward) and
     batch-invariant mode is off (it keeps the trainer's per-layer calls). Each member's bias and LoRA delta are
-    added to its own slice as its forward adds them (the decode LoRA kernel serving all members at once gives
-    each slice the bits of that member's own call)."""
-    from ..adapters.lora import LoraLinear, add_deltas  # (lazy: models import this module, adapters import models)
+    added to its own slice as its forward adds them (at decode, every member's adapter in the GEMV's own launch,
+    as each member's own call would run it)."""
+    from ..adapters.lora import LoraLinear, decode_delta  # (lazy: models import this module, adapters import models)
     from ..models import invariant
 
     group = getattr(_base(layers[0]), "fused_rows", None)
@@ -120,11 +120,11 @@ def project(x: Tensor, layers: Sequence[nn.Module]) -> list[Tensor]:
         return [layer(x) for layer in layers]
     from .dispatch import dequant_matmul
 
-    y = dequant_matmul(x, group)
     if all(m.bias is None for m in group.members):
-        with_deltas = add_deltas(layers, y, x)  # every member's LoRA in one kernel pair, where it applies
-        if with_deltas is not None:
-            return list(with_deltas.split(group.splits, dim=-1))
+        delta = decode_delta(layers, x)  # every member's adapter, added in the GEMV's own launch
+        if delta is not None:
+            return list(dequant_matmul(x, group, delta).split(group.splits, dim=-1))
+    y = dequant_matmul(x, group)
     outs = []
     for layer, part in zip(layers, y.split(group.splits, dim=-1)):
         base = _base(layer)

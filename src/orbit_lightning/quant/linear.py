@@ -43,10 +43,11 @@ class QuantLinear(nn.Module):
     def dequantize(self, dtype: torch.dtype | None = None) -> Tensor:
         return self.fmt.dequantize(self.packed(), dtype or self.compute_dtype)
 
-    def matmul(self, x: Tensor) -> Tensor:
+    def matmul(self, x: Tensor, lora=None) -> Tensor:
+        """x @ W^T (no bias), plus the decode adapters `lora` (a kernels.LoraDelta) in the same launch."""
         from .dispatch import dequant_matmul
 
-        return dequant_matmul(x, self)
+        return dequant_matmul(x, self, lora)
 
     def matmul_dx(self, dy: Tensor) -> Tensor:
         from .dispatch import dequant_matmul_dx

@@ -1,0 +1,139 @@
+"""LoRA inside the decode GEMV's launch: out = x W^T + scale_g * B_g (A_g x), up to three adapters side by side.
+
+At batch 1 a LoRA linear was three launches (the GEMV, then `lora.py`'s down and up kernels), and the two LoRA
+launches cost about as much as the GEMV of a small matrix: 64 of them took 176 us of a 1.15 ms Qwen3-8B step
+(bench/RESULTS.md). Here the GEMV launch does it all:
+
+- The grid's first programs are *rank programs*. Program (g, s) computes the fp32 partial x A_g[:, slice s]^T
+  over one 256-wide K slice, as `lora.py`'s down kernel does. The last of adapter g's rank programs (an atomic
+  ticket) sums the partials in slice order, rounds t_g to the adapter dtype and raises adapter g's flag.
+- The weight programs run as before. The program that writes an output tile (the tile's last split) waits for
+  its adapter's flag, then adds scale_g * B_g[tile rows] t_g with the rounding steps of `lora.py`'s up kernel.
+- The last tile written re-arms the flags for the next launch.
+
+The wait is safe because the rank programs come first in the grid: a GPU dispatches programs in linear order,
+so a waiting weight program implies every rank program is running or done (the forward-progress assumption of
+decoupled look-back scans). Triton's interpreter runs programs in that order too.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .lora import _BK as SLICE  # one K slice per rank program, as lora.py's down kernel (the same partials)
+from .lora import MAX_SEGMENTS, _pick
+
+_SUB = 64  # K per dot inside a slice: a one-warp program holds [16, 64] tiles, not [16, 256]
+# Counters after the weight tiles' tickets: [slice tickets G][flags G][tiles written 1].
+N_COUNTERS = 2 * MAX_SEGMENTS + 1
+
+
+class LoraDelta(NamedTuple):
+    """Adapters adding onto one output: A_g [r, K], B_g [N_g, r] (columns side by side, in order), scale_g."""
+
+    a: list[Tensor]
+    b: list[Tensor]
+    scale: list[float]
+
+
+class LoraArgs(NamedTuple):
+    """What the GEMV kernels take for a LoraDelta (see `lora_args`)."""
+
+    args: tuple  # a0, a1, a2, b0, b1, b2, s0, s1, s2, start1, start2, rank, slices, partials, t, counters
+    programs: int  # rank programs at the front of the grid
+
+
+def fits(delta: LoraDelta, x: Tensor, n: int, block_m: int, block_n: int) -> bool:
+    """Whether the fused path takes `delta` for x [M, K] @ W^T [N]: at most MAX_SEGMENTS adapters of one rank and
+    dtype whose outputs tile N on block_n boundaries (so every output tile has one adapter), M in one row tile."""
+    a, b = delta.a, delta.b
+    if not 1 <= len(a) <= MAX_SEGMENTS or len(b) != len(a) or len(delta.scale) != len(a):
+        return False
+    r, k = a[0].shape
+    if x.shape[0] > block_m or r > 64 or any(t.dtype != a[0].dtype for t in (*a, *b)):
+        return False
+    if any(ag.shape != (r, k) or bg.dim() != 2 or bg.shape[1] != r for ag, bg in zip(a, b)):
+        return False
+    starts = [sum(bg.shape[0] for bg in b[:i]) for i in range(len(b) + 1)]
+    return starts[-1] == n and all(s % block_n == 0 for s in starts[1:-1]) and x.shape[1] == k
+
+
+def lora_args(delta: LoraDelta, block_m: int, counters: Tensor, device: torch.device) -> LoraArgs:
+    """Kernel arguments for `delta` (checked by `fits`) under a GEMV config of block_m rows; counters: N_COUNTERS
+    zeroed int32 (re-armed by the kernel)."""
+    a = [t.contiguous() for t in delta.a]
+    b = [t.contiguous() for t in delta.b]
+    g, (r, k) = len(a), a[0].shape
+    pad = MAX_SEGMENTS - g
+    starts = [sum(bg.shape[0] for bg in b[:i]) for i in range(1, MAX_SEGMENTS)]
+    starts = [s if i < g - 1 else 1 << 30 for i, s in enumerate(starts)]  # absent adapters start past any row
+    br = max(16, triton.next_power_of_2(r))
+    slices = triton.cdiv(k, SLICE)
+    partials = torch.empty((g, slices, block_m, br), dtype=torch.float32, device=device)
+    t = torch.empty((g, block_m, br), dtype=a[0].dtype, device=device)
+    args = (*a, *a[:1] * pad, *b, *b[:1] * pad, *map(float, delta.scale), *[0.0] * pad, *starts, r, slices,
+            partials, t, counters)  # fmt: skip
+    return LoraArgs(args, g * slices)
+
+
+@triton.jit
+def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_ptr, t_ptr, cnt_ptr,
+                      BM: tl.constexpr, BR: tl.constexpr, SLICE: tl.constexpr, SUB: tl.constexpr):  # fmt: skip
+    """Rank program `pid`: adapter g = pid // slices, K slice s = pid % slices (see the module docstring)."""
+    seg = pid // slices
+    s = pid % slices
+    a_ptr = _pick(seg, a0, a1, a2)
+    rows = tl.arange(0, BM)
+    ranks = tl.arange(0, BR)
+    part = tl.zeros((BM, BR), dtype=tl.float32)
+    for k0 in tl.static_range(0, SLICE, SUB):  # one dot over the slice, as chained mma steps in K order
+        ks = s * SLICE + k0 + tl.arange(0, SUB)
+        a = tl.load(a_ptr + ranks[:, None] * K + ks[None, :], mask=(ranks[:, None] < R) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)  # fmt: skip
+        part = tl.dot(x.to(a.dtype), tl.trans(a), part)
+    tile = rows[:, None] * BR + ranks[None, :]
+    tl.store(part_ptr + (seg * slices + s) * BM * BR + tile, part)
+    tl.debug_barrier()  # every thread's partial precedes the ticket (as gemv._store_out's split tail)
+    ticket = tl.atomic_add(cnt_ptr + seg, 1, sem="acq_rel")
+    if ticket == slices - 1:
+        t = tl.zeros((BM, BR), dtype=tl.float32)
+        for s2 in range(0, slices):  # slice order: the same bits whatever order the programs finished in
+            t += tl.load(part_ptr + (seg * slices + s2) * BM * BR + tile, cache_modifier=".cg")
+        tl.store(t_ptr + seg * BM * BR + tile, t.to(t_ptr.dtype.element_ty))
+        tl.atomic_xchg(cnt_ptr + seg, 0)
+        tl.debug_barrier()
+        tl.atomic_xchg(cnt_ptr + MAX_SEGMENTS + seg, 1, sem="release")
+
+
+@triton.jit
+def lora_finish_tile(y, n0, offs_n, N, n_writers, b0, b1, b2, scale0, scale1, scale2, start1, start2, R, t_ptr, cnt_ptr,
+                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+    """The out^T tile [BN, BM] of rows offs_n (from n0): the base y, already rounded to the output dtype, plus
+    (scale * round(B t)) rounded to it, the rounding steps of `lora.py`'s up kernel."""
+    seg = (n0 >= start1).to(tl.int32) + (n0 >= start2).to(tl.int32)
+    b_ptr = _pick(seg, b0, b1, b2)
+    scale = _pick(seg, scale0, scale1, scale2)
+    start = _pick(seg, start1 * 0, start1, start2)
+    flag = cnt_ptr + MAX_SEGMENTS + seg
+    while tl.atomic_add(flag, 0, sem="acquire") == 0:
+        pass
+    ranks = tl.arange(0, BR)
+    t = tl.load(t_ptr + seg * BM * BR + tl.arange(0, BM)[None, :] * BR + ranks[:, None], cache_modifier=".cg")
+    rows = offs_n - start
+    b = tl.load(b_ptr + rows[:, None] * R + ranks[None, :], mask=(offs_n[:, None] < N) & (ranks[None, :] < R),
+                other=0.0)  # fmt: skip
+    delta = tl.dot(b, t)  # [BN, BM] fp32: B t for each output row and activation row
+    delta = (delta.to(b.dtype).to(tl.float32) * scale).to(y.dtype)
+    written = tl.atomic_add(cnt_ptr + 2 * MAX_SEGMENTS, 1, sem="acq_rel")
+    if written == n_writers - 1:  # the last tile: every waiter has read its flag, so re-arm them
+        for g in tl.static_range(MAX_SEGMENTS):
+            tl.atomic_xchg(cnt_ptr + MAX_SEGMENTS + g, 0)
+        tl.atomic_xchg(cnt_ptr + 2 * MAX_SEGMENTS, 0)
+    return y + delta

@@ -1,0 +1,116 @@
+"""LoRA inside the decode GEMV launch (kernels/gemv_lora.py): interpreter tests against a float64 oracle, the
+counters re-armed for the next launch, the fallback where the adapters do not fit, and bf16 on the GPU.
+
+CPU bound (fp32 activations and adapters): the base part is test_gemv.py's (K + 2) 2^-24 of sum |x||w|; the
+adapter part chains two fp32 dots (K, then r terms) and three roundings (t, B t, the scale), and the output adds
+one: (K + r + 8) 2^-24 of (sum |x||w| + sum_g s_g (|x| |A_g|^T) |B_g|^T + |ref|) covers both with margin.
+"""
+
+import pytest
+import torch
+from orbit_lightning.kernels import gemm, gemv
+from orbit_lightning.kernels.configs import GemvConfig
+from orbit_lightning.kernels.formats import resolve
+from orbit_lightning.kernels.gemv_lora import N_COUNTERS, LoraDelta, fits
+
+from orbit_lightning import kernels
+from tests.kernels.kernel_oracles import assert_within, random_weight
+
+CONFIGS = {
+    "one-split": GemvConfig(16, 16, 64, k_iters=0),
+    "split": GemvConfig(16, 16, 32, k_iters=1),  # several K splits: the last arriver adds the delta
+    "tma": GemvConfig(16, 16, 256, k_iters=1, tma=True, num_stages=2),
+}
+
+
+def _adapters(ns, k, r, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = [torch.randn(r, k, generator=g).to(dtype) / k**0.5 for _ in ns]
+    b = [torch.randn(n, r, generator=g).to(dtype) for n in ns]
+    return LoraDelta(a, b, [0.5 * (i + 1) for i in range(len(ns))])
+
+
+def _oracle(x, w, delta):
+    """float64 x W^T + sum_g s_g (x A_g^T) B_g^T on adapter g's columns, and the error scale of the bound."""
+    xd = x.double()
+    ref, mag = xd @ w.T, xd.abs() @ w.abs().T
+    col = 0
+    for a, b, s in zip(delta.a, delta.b, delta.scale):
+        n = b.shape[0]
+        ref[:, col : col + n] += s * (xd @ a.double().T) @ b.double().T
+        mag[:, col : col + n] += s * (xd.abs() @ a.double().abs().T) @ b.double().abs().T
+        col += n
+    return ref, mag
+
+
+def _run(x, packed, cfg, delta, tickets):
+    w = resolve("int4", packed, stacked=False)
+    out = torch.empty((x.shape[0], w.n), dtype=x.dtype, device=x.device)
+    return gemv.gemv(x, w, out, cfg, lambda n: tickets[:n], fast_int4=False, lora=delta)
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+@pytest.mark.parametrize("variant", list(CONFIGS))
+@pytest.mark.parametrize("ns", [(48,), (32, 16, 16)], ids=["one-adapter", "three-adapters"])
+def test_fused_lora_matches_fp64(variant, ns):
+    k, r = 512, 4  # two 256-wide rank slices; rank 4 pads to 16
+    packed, w = random_weight("int4", (sum(ns), k), seed=3)
+    delta = _adapters(ns, k, r)
+    tickets = torch.zeros(64, dtype=torch.int32)
+    for m in (1, 3):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        y = _run(x, packed, CONFIGS[variant], delta, tickets)
+        ref, mag = _oracle(x, w, delta)
+        assert_within(y, ref, (k + r + 8) * 2.0**-24 * (mag + ref.abs()))
+        assert not tickets.any(), "the kernel must re-arm every ticket, flag and counter it used"
+        assert torch.equal(_run(x, packed, CONFIGS[variant], delta, tickets), y)  # run again: the same bits
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+def test_dense_gemm_falls_back_to_the_lora_kernels_where_the_adapters_do_not_fit():
+    k = 256
+    packed, w = random_weight("int4", (40, k), seed=4)
+    delta = _adapters((24, 16), k, 8)  # the boundary at 24 is not a multiple of the 16-row tile
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(5))
+    assert not fits(delta, x, 40, 16, 16)
+    y = kernels.dequant_linear(x, "int4", packed, lora=delta)
+    want = kernels.lora_add_many(kernels.dequant_linear(x, "int4", packed), x, *delta)
+    assert torch.equal(y, want)
+    ref, mag = _oracle(x, w, delta)
+    assert_within(y, ref, (k + 16) * 2.0**-24 * (mag + ref.abs()))
+
+
+def test_fits_rejects_what_the_fused_path_cannot_take():
+    x = torch.randn(2, 64)
+    ok = _adapters((16, 16), 64, 8)
+    assert fits(ok, x, 32, 16, 16)
+    assert not fits(ok, x, 48, 16, 16)  # outputs do not add up to N
+    assert not fits(ok, torch.randn(17, 64), 32, 16, 16)  # more rows than one M tile
+    assert not fits(_adapters((8, 8, 8, 8), 64, 8), x, 32, 16, 8)  # four adapters
+    mixed = LoraDelta([ok.a[0], ok.a[1][:4]], ok.b, ok.scale)
+    assert not fits(mixed, x, 32, 16, 16)  # ranks differ
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("shape", [(6144, 4096, (4096, 1024, 1024)), (24576, 4096, (12288, 12288)),
+                                   (4096, 12288, (4096,))], ids=["qkv", "gate_up-tma", "down"])  # fmt: skip
+def test_fused_lora_bf16_gpu_matches_the_unfused_kernels(shape, m):
+    """The engine's shapes through the dispatched kernel (the TMA one for gate_up at M = 1): within one bf16 ulp
+    of the base output + lora_add_many (the adapter's t and B t can round differently, one ulp each, and the sum
+    once more), and both within the fp64 oracle's bf16 bound."""
+    n, k, ns = shape
+    packed, w = random_weight("int4", (n, k), seed=6, device="cuda")
+    delta = _adapters(ns, k, 16, torch.bfloat16)
+    delta = LoraDelta([t.cuda() for t in delta.a], [t.cuda() for t in delta.b], delta.scale)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    fused = kernels.dequant_linear(x, "int4", packed, lora=delta)
+    unfused = kernels.lora_add_many(kernels.dequant_linear(x, "int4", packed), x, *delta)
+    assert torch.equal(kernels.dequant_linear(x, "int4", packed, lora=delta), fused)  # deterministic, re-armed
+    ulp = 2.0 ** (torch.floor(torch.log2(unfused.float().abs().clamp_min(2.0**-100))) - 7)
+    assert ((fused.float() - unfused.float()).abs() <= 2 * ulp).all()
+    ref, mag = _oracle(x.double().cpu(), w.cpu(), LoraDelta([t.cpu() for t in delta.a], [t.cpu() for t in delta.b],
+                                                           delta.scale))  # fmt: skip
+    assert_within(fused.cpu(), ref, 2.0**-7 * (mag + ref.abs()))
+    assert not gemm._tickets(x.device, N_COUNTERS + 4096).any()
