@@ -41,8 +41,7 @@ from .dequant import (
     load_scales,
 )
 from .formats import PackedWeight
-from .gemv_lora import _SUB as SUB
-from .gemv_lora import N_COUNTERS, SLICE, LoraDelta, fits, lora_args, lora_finish_tile, lora_rank_program
+from .gemv_lora import N_COUNTERS, LoraDelta, fits, lora_args, lora_finish_tile, lora_rank_program
 from .pdl import use_pdl, wait_for_producers
 
 
@@ -195,9 +194,10 @@ def _coords(N, n_splits, N_A, BN: tl.constexpr, LORA: tl.constexpr):
         pid = tl.program_id(0)
         q = tl.maximum(pid - N_A, 0)
         n_tiles = tl.cdiv(N, BN)
-        return q % n_tiles, (q // n_tiles) % n_splits, q // (n_tiles * n_splits), pid < N_A
+        pid_n, split, pid_m, is_rank = q % n_tiles, (q // n_tiles) % n_splits, q // (n_tiles * n_splits), pid < N_A
     else:
-        return tl.program_id(0), tl.program_id(1), tl.program_id(2), False
+        pid_n, split, pid_m, is_rank = tl.program_id(0), tl.program_id(1), tl.program_id(2), False
+    return pid_n, split, pid_m, is_rank
 
 
 @triton.jit
@@ -267,7 +267,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
     if is_rank:  # a LoRA rank program (gemv_lora.py): the first N_A programs
         wait_for_producers(PDL)
         lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt,
-                          BM, BR, SLICE, SUB)  # fmt: skip
+                          BM, BR)  # fmt: skip
     else:
         rows = pid_n * BN + tl.arange(0, BN)
         m0 = pid_m.to(tl.int64) * BM
@@ -366,7 +366,7 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
     pid_n, split, pid_m, is_rank = _coords(N, n_splits, N_A, BN, LORA)
     if is_rank:
         lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt,
-                          BM, BR, SLICE, SUB)  # fmt: skip
+                          BM, BR)  # fmt: skip
     else:
         _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_xm,
                      stride_om, pid_n, split, pid_m, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,

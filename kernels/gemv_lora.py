@@ -28,7 +28,10 @@ from torch import Tensor
 from .lora import _BK as SLICE  # one K slice per rank program, as lora.py's down kernel (the same partials)
 from .lora import MAX_SEGMENTS, _pick
 
-_SUB = 64  # K per dot inside a slice: a one-warp program holds [16, 64] tiles, not [16, 256]
+# Constants the jit functions read (Triton takes only constexpr globals).
+_SLICE = tl.constexpr(SLICE)
+_SUB = tl.constexpr(32)  # K per dot in a slice: [16, 32] tiles keep the M = 1 kernel at 128 registers (ptxas)
+_G = tl.constexpr(MAX_SEGMENTS)
 # Counters after the weight tiles' tickets: [slice tickets G][flags G][tiles written 1].
 N_COUNTERS = 2 * MAX_SEGMENTS + 1
 
@@ -83,7 +86,7 @@ def lora_args(delta: LoraDelta, block_m: int, counters: Tensor, device: torch.de
 
 @triton.jit
 def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_ptr, t_ptr, cnt_ptr,
-                      BM: tl.constexpr, BR: tl.constexpr, SLICE: tl.constexpr, SUB: tl.constexpr):  # fmt: skip
+                      BM: tl.constexpr, BR: tl.constexpr):  # fmt: skip
     """Rank program `pid`: adapter g = pid // slices, K slice s = pid % slices (see the module docstring)."""
     seg = pid // slices
     s = pid % slices
@@ -91,8 +94,8 @@ def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_p
     rows = tl.arange(0, BM)
     ranks = tl.arange(0, BR)
     part = tl.zeros((BM, BR), dtype=tl.float32)
-    for k0 in tl.static_range(0, SLICE, SUB):  # one dot over the slice, as chained mma steps in K order
-        ks = s * SLICE + k0 + tl.arange(0, SUB)
+    for k0 in tl.static_range(0, _SLICE, _SUB):  # one dot over the slice, as chained mma steps in K order
+        ks = s * _SLICE + k0 + tl.arange(0, _SUB)
         a = tl.load(a_ptr + ranks[:, None] * K + ks[None, :], mask=(ranks[:, None] < R) & (ks[None, :] < K),
                     other=0.0)  # fmt: skip
         x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K),
@@ -109,7 +112,7 @@ def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_p
         tl.store(t_ptr + seg * BM * BR + tile, t.to(t_ptr.dtype.element_ty))
         tl.atomic_xchg(cnt_ptr + seg, 0)
         tl.debug_barrier()
-        tl.atomic_xchg(cnt_ptr + MAX_SEGMENTS + seg, 1, sem="release")
+        tl.atomic_xchg(cnt_ptr + _G + seg, 1, sem="release")
 
 
 @triton.jit
@@ -121,7 +124,7 @@ def lora_finish_tile(y, n0, offs_n, N, n_writers, b0, b1, b2, scale0, scale1, sc
     b_ptr = _pick(seg, b0, b1, b2)
     scale = _pick(seg, scale0, scale1, scale2)
     start = _pick(seg, start1 * 0, start1, start2)
-    flag = cnt_ptr + MAX_SEGMENTS + seg
+    flag = cnt_ptr + _G + seg
     while tl.atomic_add(flag, 0, sem="acquire") == 0:
         pass
     ranks = tl.arange(0, BR)
@@ -131,9 +134,9 @@ def lora_finish_tile(y, n0, offs_n, N, n_writers, b0, b1, b2, scale0, scale1, sc
                 other=0.0)  # fmt: skip
     delta = tl.dot(b, t)  # [BN, BM] fp32: B t for each output row and activation row
     delta = (delta.to(b.dtype).to(tl.float32) * scale).to(y.dtype)
-    written = tl.atomic_add(cnt_ptr + 2 * MAX_SEGMENTS, 1, sem="acq_rel")
+    written = tl.atomic_add(cnt_ptr + 2 * _G, 1, sem="acq_rel")
     if written == n_writers - 1:  # the last tile: every waiter has read its flag, so re-arm them
-        for g in tl.static_range(MAX_SEGMENTS):
-            tl.atomic_xchg(cnt_ptr + MAX_SEGMENTS + g, 0)
-        tl.atomic_xchg(cnt_ptr + 2 * MAX_SEGMENTS, 0)
+        for g in tl.static_range(_G):
+            tl.atomic_xchg(cnt_ptr + _G + g, 0)
+        tl.atomic_xchg(cnt_ptr + 2 * _G, 0)
     return y + delta
