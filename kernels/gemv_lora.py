@@ -85,8 +85,25 @@ def lora_args(delta: LoraDelta, block_m: int, counters: Tensor, device: torch.de
 
 
 @triton.jit
+def _sum_partials(base, slices, M, BM: tl.constexpr, BR: tl.constexpr, ONE_ROW: tl.constexpr):
+    """Sum over s < slices of the fp32 tiles base[s] ([BM, BR], rows < M), in a fixed order; several slices per
+    round of independent loads (one L2 round trip each), all of them at once for K <= 8192 at M = 1."""
+    ROWS: tl.constexpr = 1 if ONE_ROW else BM
+    PER: tl.constexpr = 32 if ONE_ROW else 4
+    sl = tl.arange(0, PER)
+    tile = tl.arange(0, ROWS)[:, None] * BR + tl.arange(0, BR)[None, :]
+    row_ok = (tl.arange(0, ROWS) < M)[None, :, None]
+    t = tl.zeros((ROWS, BR), dtype=tl.float32)
+    for s0 in range(0, slices, PER):
+        ptrs = base + (s0 + sl)[:, None, None] * (BM * BR) + tile[None, :, :]
+        t += tl.sum(tl.load(ptrs, mask=((s0 + sl) < slices)[:, None, None] & row_ok, other=0.0,
+                            cache_modifier=".cg"), axis=0)  # fmt: skip
+    return t
+
+
+@triton.jit
 def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_ptr, t_ptr, cnt_ptr,
-                      BM: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+                      BM: tl.constexpr, BR: tl.constexpr, ONE_ROW: tl.constexpr):  # fmt: skip
     """Rank program `pid`: adapter g = pid // slices, K slice s = pid % slices (see the module docstring)."""
     seg = pid // slices
     s = pid % slices
@@ -102,36 +119,38 @@ def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_p
                     other=0.0)  # fmt: skip
         part = tl.dot(x.to(a.dtype), tl.trans(a), part)
     tile = rows[:, None] * BR + ranks[None, :]
-    tl.store(part_ptr + (seg * slices + s) * BM * BR + tile, part)
+    tl.store(part_ptr + (seg * slices + s) * BM * BR + tile, part, mask=rows[:, None] < M)
     tl.debug_barrier()  # every thread's partial precedes the ticket (as gemv._store_out's split tail)
     ticket = tl.atomic_add(cnt_ptr + seg, 1, sem="acq_rel")
     if ticket == slices - 1:
-        t = tl.zeros((BM, BR), dtype=tl.float32)
-        for s2 in range(0, slices):  # slice order: the same bits whatever order the programs finished in
-            t += tl.load(part_ptr + (seg * slices + s2) * BM * BR + tile, cache_modifier=".cg")
-        tl.store(t_ptr + seg * BM * BR + tile, t.to(t_ptr.dtype.element_ty))
+        t = _sum_partials(part_ptr + seg * slices * BM * BR, slices, M, BM, BR, ONE_ROW)
+        t_rows = tl.arange(0, 1 if ONE_ROW else BM)
+        tl.store(t_ptr + seg * BM * BR + t_rows[:, None] * BR + ranks[None, :], t.to(t_ptr.dtype.element_ty))
         tl.atomic_xchg(cnt_ptr + seg, 0)
         tl.debug_barrier()
         tl.atomic_xchg(cnt_ptr + _G + seg, 1, sem="release")
 
 
 @triton.jit
-def lora_finish_tile(y, n0, offs_n, N, n_writers, b0, b1, b2, scale0, scale1, scale2, start1, start2, R, t_ptr, cnt_ptr,
-                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+def lora_finish_tile(y, n0, offs_n, M, N, n_writers, b0, b1, b2, scale0, scale1, scale2, start1, start2, R, t_ptr,
+                     cnt_ptr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):  # fmt: skip
     """The out^T tile [BN, BM] of rows offs_n (from n0): the base y, already rounded to the output dtype, plus
     (scale * round(B t)) rounded to it, the rounding steps of `lora.py`'s up kernel."""
     seg = (n0 >= start1).to(tl.int32) + (n0 >= start2).to(tl.int32)
     b_ptr = _pick(seg, b0, b1, b2)
     scale = _pick(seg, scale0, scale1, scale2)
     start = _pick(seg, start1 * 0, start1, start2)
-    flag = cnt_ptr + _G + seg
-    while tl.atomic_add(flag, 0, sem="acquire") == 0:
-        pass
     ranks = tl.arange(0, BR)
-    t = tl.load(t_ptr + seg * BM * BR + tl.arange(0, BM)[None, :] * BR + ranks[:, None], cache_modifier=".cg")
     rows = offs_n - start
     b = tl.load(b_ptr + rows[:, None] * R + ranks[None, :], mask=(offs_n[:, None] < N) & (ranks[None, :] < R),
                 other=0.0)  # fmt: skip
+    flag = cnt_ptr + _G + seg
+    while tl.load(flag, volatile=True) == 0:  # poll with plain loads (not atomics on one address from every tile)
+        pass
+    tl.atomic_add(flag, 0, sem="acquire")  # then order the reads of t after the flag
+    m = tl.arange(0, BM)
+    t = tl.load(t_ptr + seg * BM * BR + m[None, :] * BR + ranks[:, None], mask=(m < M)[None, :], other=0.0,
+                cache_modifier=".cg")  # fmt: skip
     delta = tl.dot(b, t)  # [BN, BM] fp32: B t for each output row and activation row
     delta = (delta.to(b.dtype).to(tl.float32) * scale).to(y.dtype)
     written = tl.atomic_add(cnt_ptr + 2 * _G, 1, sem="acq_rel")
