@@ -392,6 +392,34 @@ def section_train(deadline: float) -> None:
     say(f"training dq+mm / bf16 geomean {gm(ratios):4.2f} min {min(ratios):4.2f} (target >= 0.9)")
 
 
+def _gemv_then_lora(x, fmt, packed, delta):
+    return kernels.lora_add_many(kernels.dequant_linear(x, fmt, packed), x, *delta)
+
+
+def section_lora(deadline: float) -> None:
+    """Decode LoRA (r = 16) on the engine's Qwen3-8B shapes at M = 1 and 16: the base GEMV alone, plus the
+    adapters in its own launch (kernels/gemv_lora.py), and plus `lora_add_many`'s two launches."""
+    say("\n== decode LoRA, r = 16: graph_us (cold L2); 'fused' = adapters in the GEMV launch, '+2' = GEMV + "
+        "lora_add_many ==")
+    say("shape              M   base_us  fused_us  +2_us   fused-base  +2-base")
+    fmt = get_format("int4")
+    cases = [("qkv", 6144, 4096, (4096, 1024, 1024)), ("o", 4096, 4096, (4096,)),
+             ("gate_up", 24576, 4096, (12288, 12288)), ("down", 4096, 12288, (4096,))]  # fmt: skip
+    for name, n, k, ns in cases:
+        if time.time() > deadline:
+            return
+        packed = fmt.random_packed((n, k), device="cuda")
+        a = [torch.randn(16, k, device="cuda").bfloat16() / k**0.5 for _ in ns]
+        b = [torch.randn(ng, 16, device="cuda").bfloat16() for ng in ns]
+        delta = kernels.LoraDelta(a, b, [2.0] * len(ns))
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            base = graph_us(kernels.dequant_linear, x, fmt, packed)
+            fused = graph_us(kernels.dequant_linear, x, fmt, packed, lora=delta)
+            two = graph_us(_gemv_then_lora, x, fmt, packed, delta)
+            say(f"{name:16s} {m:4d}  {base:8.2f}  {fused:8.2f}  {two:6.2f}  {fused - base:10.2f}  {two - base:7.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
@@ -402,7 +430,7 @@ def main() -> None:
     deadline = time.time() + args.budget
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
-                "final": section_final}
+                "final": section_final, "lora": section_lora}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

@@ -41,7 +41,15 @@ from .dequant import (
     load_scales,
 )
 from .formats import PackedWeight
-from .gemv_lora import N_COUNTERS, LoraDelta, fits, lora_args, lora_finish_tile, lora_rank_program
+from .gemv_lora import (
+    N_COUNTERS,
+    LoraDelta,
+    fits,
+    lora_args,
+    lora_finish_tile,
+    lora_rank_program,
+    lora_tile_written,
+)
 from .pdl import use_pdl, wait_for_producers
 
 
@@ -196,6 +204,8 @@ def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, la0, la1, la2, lb
         y = lora_finish_tile(y, pid_n * BN, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt,
                              lcnt, BN, BM, BR)  # fmt: skip
     tl.store(out_ptrs, y, mask=mask)
+    if LORA:
+        lora_tile_written(lcnt, n_writers)  # after the store: off the tile's critical path
 
 
 @triton.jit

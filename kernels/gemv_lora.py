@@ -145,17 +145,22 @@ def lora_finish_tile(y, n0, offs_n, M, N, n_writers, b0, b1, b2, scale0, scale1,
     b = tl.load(b_ptr + rows[:, None] * R + ranks[None, :], mask=(offs_n[:, None] < N) & (ranks[None, :] < R),
                 other=0.0)  # fmt: skip
     flag = cnt_ptr + _G + seg
-    while tl.load(flag, volatile=True) == 0:  # poll with plain loads (not atomics on one address from every tile)
+    while tl.atomic_add(flag, 0, sem="acquire") == 0:  # one round trip per poll, ordering the reads of t after it
         pass
-    tl.atomic_add(flag, 0, sem="acquire")  # then order the reads of t after the flag
     m = tl.arange(0, BM)
     t = tl.load(t_ptr + seg * BM * BR + m[None, :] * BR + ranks[:, None], mask=(m < M)[None, :], other=0.0,
                 cache_modifier=".cg")  # fmt: skip
     delta = tl.dot(b, t)  # [BN, BM] fp32: B t for each output row and activation row
     delta = (delta.to(b.dtype).to(tl.float32) * scale).to(y.dtype)
-    written = tl.atomic_add(cnt_ptr + 2 * _G, 1, sem="acq_rel")
-    if written == n_writers - 1:  # the last tile: every waiter has read its flag, so re-arm them
-        for g in tl.static_range(_G):
-            tl.atomic_xchg(cnt_ptr + _G + g, 0)
-        tl.atomic_xchg(cnt_ptr + 2 * _G, 0)
     return y + delta
+
+
+@triton.jit
+def lora_tile_written(cnt_ptr, n_writers):
+    """Count a written output tile; the last one re-arms the flags (every waiter has passed its flag by then, its
+    acquire ordering its count after the read: a relaxed count suffices and costs no fence)."""
+    written = tl.atomic_add(cnt_ptr + 2 * _G, 1, sem="relaxed")
+    if written == n_writers - 1:
+        for g in tl.static_range(_G):
+            tl.atomic_xchg(cnt_ptr + _G + g, 0, sem="relaxed")
+        tl.atomic_xchg(cnt_ptr + 2 * _G, 0, sem="relaxed")
