@@ -440,7 +440,7 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
     if lora is not None:
         if not fits(lora, x, n, cfg.block_m, cfg.block_n):
             raise ValueError("gemv: these LoRA adapters do not fit the fused path (gemv_lora.fits)")
-        largs = lora_args(lora, cfg.block_m, cnt[n_tickets:], x.device)
+        largs = lora_args(lora, m, cfg.block_m, cnt[n_tickets:], x.device)
         grid = (largs.programs + n_tiles * split * m_tiles,)
         extra = dict(LORA=True, BR=largs.args[-3].shape[-1])
         lora_tail = (largs.programs, *largs.args)

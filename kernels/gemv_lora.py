@@ -5,8 +5,10 @@ launches cost about as much as the GEMV of a small matrix: 64 of them took 176 u
 (bench/RESULTS.md). Here the GEMV launch does it all:
 
 - The grid's first programs are *rank programs*. Program (g, s) computes the fp32 partial x A_g[:, slice s]^T
-  over one 256-wide K slice, as `lora.py`'s down kernel does. The last of adapter g's rank programs (an atomic
-  ticket) sums the partials in slice order, rounds t_g to the adapter dtype and raises adapter g's flag.
+  over one K slice: 256 wide by chained tensor-core dots, or at M = 1 128 wide on the FMA units with every load
+  issued at once (a chain of dependent loads there cost more than the GEMV it rides in). The last of adapter
+  g's rank programs (an atomic ticket) sums the partials in a fixed order, rounds t_g to the adapter dtype and
+  raises adapter g's flag.
 - The weight programs run as before. The program that writes an output tile (the tile's last split) waits for
   its adapter's flag, then adds scale_g * B_g[tile rows] t_g with the rounding steps of `lora.py`'s up kernel.
 - The last tile written re-arms the flags for the next launch.
@@ -30,6 +32,8 @@ from .lora import MAX_SEGMENTS, _pick
 
 # Constants the jit functions read (Triton takes only constexpr globals).
 _SLICE = tl.constexpr(SLICE)
+SLICE_ONE_ROW = 128  # K per rank program at M = 1: its [16, 128] adapter tile loads at once in a one-warp program
+_SLICE1 = tl.constexpr(SLICE_ONE_ROW)
 _SUB = tl.constexpr(32)  # K per dot in a slice: [16, 32] tiles keep the M = 1 kernel at 128 registers (ptxas)
 _G = tl.constexpr(MAX_SEGMENTS)
 # Counters after the weight tiles' tickets: [slice tickets G][flags G][tiles written 1].
@@ -66,9 +70,9 @@ def fits(delta: LoraDelta, x: Tensor, n: int, block_m: int, block_n: int) -> boo
     return starts[-1] == n and all(s % block_n == 0 for s in starts[1:-1]) and x.shape[1] == k
 
 
-def lora_args(delta: LoraDelta, block_m: int, counters: Tensor, device: torch.device) -> LoraArgs:
-    """Kernel arguments for `delta` (checked by `fits`) under a GEMV config of block_m rows; counters: N_COUNTERS
-    zeroed int32 (re-armed by the kernel)."""
+def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: torch.device) -> LoraArgs:
+    """Kernel arguments for `delta` (checked by `fits`) for M = m rows under a GEMV config of block_m rows;
+    counters: N_COUNTERS zeroed int32 (re-armed by the kernel)."""
     a = [t.contiguous() for t in delta.a]
     b = [t.contiguous() for t in delta.b]
     g, (r, k) = len(a), a[0].shape
@@ -76,7 +80,7 @@ def lora_args(delta: LoraDelta, block_m: int, counters: Tensor, device: torch.de
     starts = [sum(bg.shape[0] for bg in b[:i]) for i in range(1, MAX_SEGMENTS)]
     starts = [s if i < g - 1 else 1 << 30 for i, s in enumerate(starts)]  # absent adapters start past any row
     br = max(16, triton.next_power_of_2(r))
-    slices = triton.cdiv(k, SLICE)
+    slices = triton.cdiv(k, SLICE_ONE_ROW if m == 1 else SLICE)
     partials = torch.empty((g, slices, block_m, br), dtype=torch.float32, device=device)
     t = torch.empty((g, block_m, br), dtype=a[0].dtype, device=device)
     args = (*a, *a[:1] * pad, *b, *b[:1] * pad, *map(float, delta.scale), *[0.0] * pad, *starts, r, slices,
@@ -89,7 +93,7 @@ def _sum_partials(base, slices, M, BM: tl.constexpr, BR: tl.constexpr, ONE_ROW: 
     """Sum over s < slices of the fp32 tiles base[s] ([BM, BR], rows < M), in a fixed order; several slices per
     round of independent loads (one L2 round trip each), all of them at once for K <= 8192 at M = 1."""
     ROWS: tl.constexpr = 1 if ONE_ROW else BM
-    PER: tl.constexpr = 32 if ONE_ROW else 4
+    PER: tl.constexpr = 64 if ONE_ROW else 4
     sl = tl.arange(0, PER)
     tile = tl.arange(0, ROWS)[:, None] * BR + tl.arange(0, BR)[None, :]
     row_ok = (tl.arange(0, ROWS) < M)[None, :, None]
@@ -110,16 +114,24 @@ def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_p
     a_ptr = _pick(seg, a0, a1, a2)
     rows = tl.arange(0, BM)
     ranks = tl.arange(0, BR)
-    part = tl.zeros((BM, BR), dtype=tl.float32)
-    for k0 in tl.static_range(0, _SLICE, _SUB):  # one dot over the slice, as chained mma steps in K order
-        ks = s * _SLICE + k0 + tl.arange(0, _SUB)
+    tile = rows[:, None] * BR + ranks[None, :]
+    if ONE_ROW:  # M = 1: products on the FMA units, every load of the slice issued at once (one DRAM round trip)
+        ks = s * _SLICE1 + tl.arange(0, _SLICE1)
         a = tl.load(a_ptr + ranks[:, None] * K + ks[None, :], mask=(ranks[:, None] < R) & (ks[None, :] < K),
                     other=0.0)  # fmt: skip
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K),
-                    other=0.0)  # fmt: skip
-        part = tl.dot(x.to(a.dtype), tl.trans(a), part)
-    tile = rows[:, None] * BR + ranks[None, :]
-    tl.store(part_ptr + (seg * slices + s) * BM * BR + tile, part, mask=rows[:, None] < M)
+        x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(a.dtype)
+        part1 = tl.sum(a.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)  # [BR]
+        tl.store(part_ptr + (seg * slices + s) * BM * BR + ranks, part1)
+    else:
+        part = tl.zeros((BM, BR), dtype=tl.float32)
+        for k0 in tl.static_range(0, _SLICE, _SUB):  # one dot over the slice, as chained mma steps in K order
+            ks = s * _SLICE + k0 + tl.arange(0, _SUB)
+            a = tl.load(a_ptr + ranks[:, None] * K + ks[None, :], mask=(ranks[:, None] < R) & (ks[None, :] < K),
+                        other=0.0)  # fmt: skip
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :],
+                        mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)  # fmt: skip
+            part = tl.dot(x.to(a.dtype), tl.trans(a), part)
+        tl.store(part_ptr + (seg * slices + s) * BM * BR + tile, part, mask=rows[:, None] < M)
     tl.debug_barrier()  # every thread's partial precedes the ticket (as gemv._store_out's split tail)
     ticket = tl.atomic_add(cnt_ptr + seg, 1, sem="acq_rel")
     if ticket == slices - 1:
