@@ -96,10 +96,12 @@ def test_fits_rejects_what_the_fused_path_cannot_take():
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("shape", [(6144, 4096, (4096, 1024, 1024)), (24576, 4096, (12288, 12288)),
                                    (4096, 12288, (4096,))], ids=["qkv", "gate_up-tma", "down"])  # fmt: skip
-def test_fused_lora_bf16_gpu_matches_the_unfused_kernels(shape, m):
-    """The engine's shapes through the dispatched kernel (the TMA one for gate_up at M = 1): within one bf16 ulp
-    of the base output + lora_add_many (the adapter's t and B t can round differently, one ulp each, and the sum
-    once more), and both within the fp64 oracle's bf16 bound."""
+def test_fused_lora_bf16_gpu_matches_fp64(shape, m):
+    """The engine's shapes through the dispatched kernel (the TMA one for gate_up at M = 1) against the fp64 oracle.
+    Bound: the base GEMV's 2^-8 (sum |x||w| + |ref|) (test_gemv.py); the adapter path rounds t, B t, the scaled
+    delta and the sum to bf16, 2^-9 each of at most sum_g s_g (|x| |A_g|^T) |B_g|^T + |ref|: 2^-7 covers both.
+    The unfused kernels (lora_add_many after the GEMV) must meet the same bound: the two round t from different
+    fp32 sums (FMA slices here, tensor-core slices there), so their bits may differ."""
     n, k, ns = shape
     packed, w = random_weight("int4", (n, k), seed=6, device="cuda")
     delta = _adapters(ns, k, 16, torch.bfloat16)
@@ -108,9 +110,9 @@ def test_fused_lora_bf16_gpu_matches_the_unfused_kernels(shape, m):
     fused = kernels.dequant_linear(x, "int4", packed, lora=delta)
     unfused = kernels.lora_add_many(kernels.dequant_linear(x, "int4", packed), x, *delta)
     assert torch.equal(kernels.dequant_linear(x, "int4", packed, lora=delta), fused)  # deterministic, re-armed
-    ulp = 2.0 ** (torch.floor(torch.log2(unfused.float().abs().clamp_min(2.0**-100))) - 7)
-    assert ((fused.float() - unfused.float()).abs() <= 2 * ulp).all()
+    assert not gemm._tickets(x.device, N_COUNTERS + 4096).any()
     ref, mag = _oracle(x.double().cpu(), w.cpu(), LoraDelta([t.cpu() for t in delta.a], [t.cpu() for t in delta.b],
                                                            delta.scale))  # fmt: skip
-    assert_within(fused.cpu(), ref, 2.0**-7 * (mag + ref.abs()))
-    assert not gemm._tickets(x.device, N_COUNTERS + 4096).any()
+    bound = 2.0**-7 * (mag + ref.abs())
+    assert_within(fused.cpu(), ref, bound)
+    assert_within(unfused.cpu(), ref, bound)
