@@ -1,4 +1,5 @@
-"""The decode GEMV compiles for sm_90 on any machine: Triton's compiler and its bundled ptxas run without a GPU.
+"""The decode GEMV and RoPE (with the q/k norm) compile for sm_90 on any machine: Triton's compiler and its bundled
+ptxas run without a GPU.
 
 The interpreter that runs the other kernel tests on the CPU accepts code the compiler rejects (plain globals in jit
 code, type errors in branches a constexpr never takes), and both reached the GPU this way once (bench/RESULTS.md).
@@ -31,6 +32,17 @@ pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "gs_ptr": "*bf1
 base = dict(FMT=1, GROUP=32, BM=16, BK=128, DOT=True, K_EVEN=True, FAST_INT4=True, SPLIT=True, PDL=True, BR=16)
 tiles = {"m1": dict(BN=16, TWO=True, PREFETCH=True, ONE_ROW=True), "m16": dict(BN=32, TWO=False, PREFETCH=False,
                                                                                  ONE_ROW=False)}
+def ptxas_report(src, **options):
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
+                             text=True, check=True).stderr
+    spills = out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1
+    return {"registers": int(out.split("Used ")[1].split(" registers")[0]), "spills": spills}
+
+
 report = {}
 for tile, kw in tiles.items():
     for lora in (False, True):
@@ -39,15 +51,18 @@ for tile, kw in tiles.items():
                for n in names}
         constexprs = {(names.index(k),): v for k, v in const.items()}
         src = ASTSource(fn=gemv._gemv_kernel, signature=sig, constexprs=constexprs)
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm["ptx"]
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-            f.write(ptx)
-            f.flush()
-            out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
-                                 text=True, check=True).stderr
-        regs = int(out.split("Used ")[1].split(" registers")[0])
-        spills = out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1
-        report[f"{tile}-lora{int(lora)}"] = {"registers": regs, "spills": spills}
+        report[f"{tile}-lora{int(lora)}"] = ptxas_report(src, num_warps=1)
+import importlib
+
+rope = importlib.import_module("orbit_lightning.kernels.rope")  # (the package exports the function under that name)
+names = list(inspect.signature(rope._rope_kernel.fn).parameters)
+pointers = {n: "*bf16" for n in ("q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "qw_ptr", "kw_ptr")}
+pointers.update(cos_ptr="*fp32", sin_ptr="*fp32", eps="fp32")
+for norm in (False, True):
+    const = dict(D=128, BLOCK_D=128, BLOCK_H=8, INTERLEAVE=False, NORM=norm, PDL=True)
+    sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
+    src = ASTSource(fn=rope._rope_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
+    report[f"rope-norm{int(norm)}"] = ptxas_report(src, num_warps=4, enable_fp_fusion=False)
 print(json.dumps(report))
 """
 
@@ -68,6 +83,6 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1"}
+    assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "rope-norm0", "rope-norm1"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report

@@ -94,3 +94,54 @@ def test_rope_matches_torch_bitwise_gpu(dtype, interleave, b, t):
     for h, hkv, d in ((32, 8, 128), (16, 1, 64)):
         q, k = _heads(b, t, h, d, dtype, gen, "cuda"), _heads(b, t, hkv, d, dtype, gen, "cuda")
         _check(q, k, *_tables(b, t, d, gen, "cuda"), interleave)
+
+
+def _norm_rope_oracle(x, w, cos, sin, eps):
+    """float64 RoPE (rotate-half) of Qwen3's per-head RMSNorm of x [B, H, T, d], with cos/sin rounded to x's dtype as
+    the kernel and apply_rope round them, and the magnitude |n| |cos| + |rot n| |sin| that bounds its rounding error."""
+    xd = x.double()
+    n = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    c, s = cos[:, None].to(x.dtype).double(), sin[:, None].to(x.dtype).double()
+    n1, n2 = n.chunk(2, dim=-1)
+    ref = n * c + torch.cat((-n2, n1), dim=-1) * s
+    return ref, n.abs() * c.abs() + torch.cat((n2, n1), dim=-1).abs() * s.abs()
+
+
+def _check_norm_rope(q, k, cos, sin, wq, wk, eps, mantissa_bits):
+    """Five roundings to x's dtype (the normed value, its weight product, the two rotation products, their sum) and
+    the fp32 rstd (2^-23, ~1 ulp more in fp32): 7 ulps of the magnitude bound every output."""
+    qo, ko = kernels.rope(q, k, cos, sin, norm_weights=(wq, wk), eps=eps)
+    for got, x, w in ((qo, q, wq), (ko, k, wk)):
+        ref, mag = _norm_rope_oracle(x.cpu(), w.cpu(), cos.cpu(), sin.cpu(), eps)
+        assert got.dtype == x.dtype
+        err = (got.cpu().double() - ref).abs()
+        assert (err <= 7 * 2.0**-mantissa_bits * mag + 1e-30).all(), f"max error {err.max().item():.3e}"
+    return qo, ko
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+@pytest.mark.parametrize("dtype, bits", [(torch.float32, 24), (torch.float16, 11)], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("b, t, h, hkv, d", [(1, 1, 8, 2, 128), (2, 3, 4, 1, 64)], ids=["decode", "prefill"])
+def test_rope_with_qk_norm_matches_fp64(dtype, bits, b, t, h, hkv, d):
+    gen = torch.Generator().manual_seed(11 + t)
+    q, k = _heads(b, t, h, d, dtype, gen), _heads(b, t, hkv, d, dtype, gen)
+    wq, wk = [(torch.rand(d, generator=gen) + 0.5).to(dtype) for _ in range(2)]
+    _check_norm_rope(q, k, *_tables(b, t, d, gen), wq, wk, 1e-6, bits)
+    with pytest.raises(ValueError, match="norm_weights"):
+        kernels.rope(q, k, *_tables(b, t, d, gen), norm_weights=(wq[:-2], wk))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("b, t", [(1, 1), (16, 1), (2, 37)])
+def test_rope_with_qk_norm_bf16_gpu(b, t):
+    """Qwen3-8B heads: against the fp64 oracle, and within the same bound of the two-launch path (rms_norm, rope)."""
+    gen = torch.Generator().manual_seed(5 + t)
+    q, k = _heads(b, t, 32, 128, torch.bfloat16, gen, "cuda"), _heads(b, t, 8, 128, torch.bfloat16, gen, "cuda")
+    wq, wk = [(torch.rand(128, generator=gen) + 0.5).bfloat16().cuda() for _ in range(2)]
+    cos, sin = _tables(b, t, 128, gen, "cuda")
+    qo, ko = _check_norm_rope(q, k, cos, sin, wq, wk, 1e-6, 8)
+    two = kernels.rope(kernels.rms_norm(q, wq, 1e-6), kernels.rms_norm(k, wk, 1e-6), cos, sin)
+    for got, sep, x, w in ((qo, two[0], q, wq), (ko, two[1], k, wk)):
+        _, mag = _norm_rope_oracle(x.cpu(), w.cpu(), cos.cpu(), sin.cpu(), 1e-6)
+        assert ((got.cpu().double() - sep.cpu().double()).abs() <= 14 * 2.0**-8 * mag + 1e-30).all()

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from ..quant.fusion import project
 from .cache import AttentionContext
 from .config import ModelConfig
-from .layers import RMSNorm, Rotary, apply_rope_qk
+from .layers import RMSNorm, Rotary, apply_rope_qk, norm_rope_qk
 
 
 class GQAttention(nn.Module):
@@ -32,11 +32,9 @@ class GQAttention(nn.Module):
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], ctx: AttentionContext) -> Tensor:
         b, t, _ = x.shape
         q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
-        q = self.q_norm(q.view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(k.view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
+        q, k = norm_rope_qk(q.view(b, t, self.n_heads, self.head_dim), k.view(b, t, self.n_kv, self.head_dim),
+                            self.q_norm, self.k_norm, *rope)  # fmt: skip
         v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        cos, sin = rope
-        q, k = apply_rope_qk(q, k, cos, sin)
         out = ctx.attend(self.layer_idx, q, k, v, self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 

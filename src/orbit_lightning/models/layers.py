@@ -119,6 +119,19 @@ def apply_rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleave: bo
     return rope_reference(q, cos, sin, interleave), rope_reference(k, cos, sin, interleave)
 
 
+def norm_rope_qk(q: Tensor, k: Tensor, q_norm: RMSNorm, k_norm: RMSNorm, cos: Tensor, sin: Tensor
+                 ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Qwen3's per-head q/k RMSNorm then RoPE: q [B, T, H, d], k [B, T, Hkv, d] -> [B, H, T, d] each. Without
+    autograd and outside batch-invariant mode, one launch (`kernels.rope` with the norm weights); its sum of squares
+    may round apart from the norm kernel's, so the mode keeps the two steps, bitwise those the trainer runs."""
+    if (_fused(q, k, cos, sin) and not invariant.active() and q_norm.eps == k_norm.eps
+            and q_norm.weight.dtype == k_norm.weight.dtype == q.dtype):  # fmt: skip
+        weights = (q_norm.weight, k_norm.weight)
+        return kernels_module().rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, norm_weights=weights,
+                                     eps=q_norm.eps)  # fmt: skip
+    return apply_rope_qk(q_norm(q).transpose(1, 2), k_norm(k).transpose(1, 2), cos, sin)
+
+
 def rope_reference(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool = False) -> Tensor:
     """`apply_rope` by torch ops (differentiable). kernels/rope.py replays their roundings one by one: keep the
     two in step."""
