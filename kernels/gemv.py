@@ -195,6 +195,16 @@ def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.
 
 
 @triton.jit
+def _flat_program(N, n_splits, N_A, BN: tl.constexpr):
+    """(pid_n, split, pid_m, is_rank) in a LoRA launch's flat grid: N_A rank programs first (gemv_lora.py), then the
+    weight programs, N tiles fastest. (Without LoRA the grid is (N tiles, splits, M tiles) and is_rank a constant
+    False: the rank branch is dead code, though Triton still type-checks it, hence gemv()'s typed placeholders.)"""
+    q = tl.maximum(tl.program_id(0) - N_A, 0)
+    n_tiles = tl.cdiv(N, BN)
+    return q % n_tiles, (q // n_tiles) % n_splits, q // (n_tiles * n_splits), tl.program_id(0) < N_A
+
+
+@triton.jit
 def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
           lst1, lst2, lr, lslices, lpart, lt, lcnt,
           BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
@@ -259,12 +269,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                  BK: tl.constexpr, DOT: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr,
                  SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr,
                  PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr):  # fmt: skip
-    # With LORA the grid is flat: N_A LoRA rank programs first (gemv_lora.py), then the weight programs, N tiles
-    # fastest; without, it is (N tiles, splits, M tiles).
     if LORA:
-        q = tl.maximum(tl.program_id(0) - N_A, 0)
-        pid_n, split, pid_m = q % tl.cdiv(N, BN), (q // tl.cdiv(N, BN)) % n_splits, q // (tl.cdiv(N, BN) * n_splits)
-        is_rank = tl.program_id(0) < N_A
+        pid_n, split, pid_m, is_rank = _flat_program(N, n_splits, N_A, BN)
     else:
         pid_n, split, pid_m, is_rank = tl.program_id(0), tl.program_id(1), tl.program_id(2), False
     if is_rank:
@@ -366,10 +372,8 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
                      BK: tl.constexpr, FAST_INT4: tl.constexpr, SPLIT: tl.constexpr, ONE_ROW: tl.constexpr,
                      STAGES: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr):  # fmt: skip
     wait_for_producers(PDL)
-    if LORA:  # the grid as in _gemv_kernel
-        q = tl.maximum(tl.program_id(0) - N_A, 0)
-        pid_n, split, pid_m = q % tl.cdiv(N, BN), (q // tl.cdiv(N, BN)) % n_splits, q // (tl.cdiv(N, BN) * n_splits)
-        is_rank = tl.program_id(0) < N_A
+    if LORA:
+        pid_n, split, pid_m, is_rank = _flat_program(N, n_splits, N_A, BN)
     else:
         pid_n, split, pid_m, is_rank = tl.program_id(0), tl.program_id(1), tl.program_id(2), False
     if is_rank:
