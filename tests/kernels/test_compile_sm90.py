@@ -3,9 +3,10 @@ ptxas run without a GPU.
 
 The interpreter that runs the other kernel tests on the CPU accepts code the compiler rejects (plain globals in jit
 code, type errors in branches a constexpr never takes), and both reached the GPU this way once (bench/RESULTS.md).
-This compiles `_gemv_kernel` in a subprocess without TRITON_INTERPRET, with and without the fused LoRA, at M = 1 and
-M = 16 tiles, and checks ptxas' register report: no spills, and the M = 1 kernel within 168 registers per thread,
-which keeps the 12 one-warp programs per SM that configs._GEMV asks for resident (65,536 / (12 * 32) = 170).
+This compiles `_gemv_kernel` (at M = 1 and M = 16 tiles), the descriptor (TMA) GEMV and RoPE in a subprocess without
+TRITON_INTERPRET, the GEMVs with and without the fused LoRA, and checks ptxas' register report: no spills, and the
+M = 1 kernel within 168 registers per thread, which keeps the 12 one-warp programs per SM that configs._GEMV asks
+for resident (65,536 / (12 * 32) = 170).
 """
 
 import json
@@ -52,6 +53,17 @@ for tile, kw in tiles.items():
         constexprs = {(names.index(k),): v for k, v in const.items()}
         src = ASTSource(fn=gemv._gemv_kernel, signature=sig, constexprs=constexprs)
         report[f"{tile}-lora{int(lora)}"] = ptxas_report(src, num_warps=1)
+names = list(inspect.signature(gemv._gemv_tma_kernel.fn).parameters)
+pointers.update(w_desc="tensordesc<i32[32, 32]>", s_desc="tensordesc<bf16[32, 8]>")
+for lora in (False, True):  # the descriptor kernel as configs._GEMV_TALL runs it (M = 1, no split)
+    const = dict(GROUP=32, BM=16, BN=32, BK=256, FAST_INT4=True, SPLIT=False, ONE_ROW=True, STAGES=4, PDL=True,
+                 LORA=lora, BR=16)
+    sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
+           for n in names}
+    constexprs = {(names.index(k),): v for k, v in const.items()}
+    src = ASTSource(fn=gemv._gemv_tma_kernel, signature=sig, constexprs=constexprs)
+    report[f"tma-lora{int(lora)}"] = ptxas_report(src, num_warps=1)
+
 import importlib
 
 rope = importlib.import_module("orbit_lightning.kernels.rope")  # (the package exports the function under that name)
@@ -83,6 +95,7 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "rope-norm0", "rope-norm1"}
+    assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "tma-lora0", "tma-lora1", "rope-norm0",
+                           "rope-norm1"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
