@@ -446,7 +446,7 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
             raise ValueError("gemv: these LoRA adapters do not fit the fused path (gemv_lora.fits)")
         largs = lora_args(lora, m, cfg.block_m, cnt[n_tickets:], x.device)
         grid = (largs.programs + n_tiles * split * m_tiles,)
-        extra = dict(LORA=True, BR=largs.args[-3].shape[-1])
+        extra = dict(LORA=True, BR=largs.block_r)
         lora_tail = (largs.programs, *largs.args)
     else:  # typed placeholders: Triton compiles the (never taken) rank branch even without LORA
         extra = dict(LORA=False, BR=16)

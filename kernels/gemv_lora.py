@@ -53,6 +53,7 @@ class LoraArgs(NamedTuple):
 
     args: tuple  # a0, a1, a2, b0, b1, b2, s0, s1, s2, start1, start2, rank, slices, partials, t, counters
     programs: int  # rank programs at the front of the grid
+    block_r: int  # the rank padded to the dots' minimum (the kernels' BR)
 
 
 def fits(delta: LoraDelta, x: Tensor, n: int, block_m: int, block_n: int) -> bool:
@@ -85,7 +86,7 @@ def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: 
     t = torch.empty((g, block_m, br), dtype=a[0].dtype, device=device)
     args = (*a, *a[:1] * pad, *b, *b[:1] * pad, *map(float, delta.scale), *[0.0] * pad, *starts, r, slices,
             partials, t, counters)  # fmt: skip
-    return LoraArgs(args, g * slices)
+    return LoraArgs(args, g * slices, br)
 
 
 @triton.jit
