@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import importlib
 import json
 import os
 import sys
@@ -60,6 +61,8 @@ def parse_args() -> argparse.Namespace:
                     help="decode attention by gathering the paged KV + SDPA instead of the paged kernel")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch the decode kernels without programmatic dependent launch (kernels.pdl), to A/B it")
+    ap.add_argument("--attn-warps", type=int, default=None,
+                    help="warps per attention program (kernels.attention.NUM_WARPS), to A/B it")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="profile this many steady decode steps of each run and print the top kernels")
     ap.add_argument("--no-hf", action="store_true")
@@ -77,6 +80,8 @@ def parse_args() -> argparse.Namespace:
         kv_cache.PAGED_KERNEL = False
     if a.no_pdl:
         kernels_pdl.ENABLED = False
+    if a.attn_warps:
+        importlib.import_module("orbit_lightning.kernels.attention").NUM_WARPS = a.attn_warps
     return a
 
 

@@ -38,7 +38,10 @@ from .pdl import use_pdl, wait_for_producers
 # decode packs a GQA group's query heads as rows, so its extra MMA work hides under the key/value loads.
 _BLOCK_M = 64  # query rows per program
 _BLOCK_N = 64  # keys per step
-_NUM_WARPS = 4
+# Warps per program, read at each launch (prefill and decode alike, so batch-invariant mode is unaffected): a knob
+# for bench/rollout.py --attn-warps. With 4, ptxas for sm_90a spills ~450 bytes per thread at head dim 128, with 8
+# none (192 registers; 229 split with the merge); the 4-warp choice predates that finding and is not yet re-timed.
+NUM_WARPS = 4
 _NUM_STAGES = 2  # keeps K and V stages of a 256-wide (padded 192) head within shared memory
 _LOG2E = 1.4426950408889634
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -230,7 +233,7 @@ def _launch(grid, q, k, v, out, start, table, ctx, scale, rep, tq, tk, k_strides
         CHUNK=chunk,
         PDL=pdl,
         launch_pdl=pdl,
-        num_warps=_NUM_WARPS,
+        num_warps=NUM_WARPS,
         num_stages=_NUM_STAGES,
         enable_fp_fusion=False,
     )
