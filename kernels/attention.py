@@ -39,8 +39,8 @@ from .pdl import use_pdl, wait_for_producers
 _BLOCK_M = 64  # query rows per program
 _BLOCK_N = 64  # keys per step
 # Warps per program, read at each launch (prefill and decode alike, so batch-invariant mode is unaffected): a knob
-# for bench/rollout.py --attn-warps. With 4, ptxas for sm_90a spills ~450 bytes per thread at head dim 128, with 8
-# none (192 registers; 229 split with the merge); the 4-warp choice predates that finding and is not yet re-timed.
+# for bench/rollout.py --attn-warps. With 4, ptxas for sm_90a spills 450-1000 bytes per thread at head dim 128; with
+# 8, nothing (192 registers unsplit, 253 split). The 4-warp choice predates that finding and is not yet re-timed.
 NUM_WARPS = 4
 _NUM_STAGES = 2  # keeps K and V stages of a 256-wide (padded 192) head within shared memory
 _LOG2E = 1.4426950408889634
