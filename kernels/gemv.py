@@ -22,6 +22,8 @@ activation dtype) and products are accumulated in fp32, so this is the same func
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -51,6 +53,7 @@ from .gemv_lora import (
     lora_tile_written,
 )
 from .pdl import use_pdl, wait_for_producers
+from .timeline import SLOTS, linear_program, stamp
 
 
 @triton.jit
@@ -264,11 +267,12 @@ def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok,
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                  M, N, K, n_groups, k_per_split, n_splits,
                  stride_xm, stride_wn, stride_sn, stride_om,
-                 N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
+                 N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr,
                  FMT: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, DOT: tl.constexpr, K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr,
                  SPLIT: tl.constexpr, PREFETCH: tl.constexpr, ONE_ROW: tl.constexpr, TWO: tl.constexpr,
-                 PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+                 PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr):  # fmt: skip
+    stamp(stamp_ptr, linear_program(), 0, STAMPS)  # (timeline.py: compiled out unless STAMPS)
     if LORA:
         pid_n, split, pid_m, is_rank = _flat_program(N, n_splits, N_A, BN)
     else:
@@ -304,6 +308,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
         # Everything above reads frozen weights only, so under PDL it overlaps the previous kernel's tail; the
         # activations (and every store) come after the wait.
         wait_for_producers(PDL)
+        stamp(stamp_ptr, linear_program(), 4, STAMPS)
         if DOT and PREFETCH:
             xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo, k_hi, BM, BK, ONE_ROW)
             if TWO:
@@ -356,9 +361,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
             else:
                 cols = k0 + tl.arange(0, BK)
                 acc = _fma_rows(w, x_ptr, m0, M, stride_xm, cols, cols < K, acc, BM)
+        stamp(stamp_ptr, linear_program(), 5, STAMPS)
         _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
                    stride_om, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
                    BN, BM, SPLIT, BR, LORA)  # fmt: skip
+    stamp(stamp_ptr, linear_program(), 1, STAMPS)
 
 
 # The descriptor variant (GemvConfig.tma, int4 only): words and scales arrive by TMA into shared memory,
@@ -367,11 +374,14 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
 @triton.jit(do_not_specialize=["M", "n_splits", "N_A", "lst1", "lst2", "lr", "lslices"])
 def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits,
                      stride_xm, stride_om, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
-                     lst1, lst2, lr, lslices, lpart, lt, lcnt,
+                     lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr,
                      GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, FAST_INT4: tl.constexpr, SPLIT: tl.constexpr, ONE_ROW: tl.constexpr,
-                     STAGES: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+                     STAGES: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
+                     STAMPS: tl.constexpr):  # fmt: skip
+    stamp(stamp_ptr, linear_program(), 0, STAMPS)
     wait_for_producers(PDL)
+    stamp(stamp_ptr, linear_program(), 4, STAMPS)
     if LORA:
         pid_n, split, pid_m, is_rank = _flat_program(N, n_splits, N_A, BN)
     else:
@@ -384,6 +394,7 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
                      stride_om, pid_n, split, pid_m, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
                      lst1, lst2, lr, lslices, lpart, lt, lcnt,
                      GROUP, BM, BN, BK, FAST_INT4, SPLIT, ONE_ROW, STAGES, LORA, BR)  # fmt: skip
+    stamp(stamp_ptr, linear_program(), 1, STAMPS)
 
 
 @triton.jit
@@ -425,11 +436,12 @@ def _placeholders(device: torch.device) -> tuple[Tensor, Tensor]:
 
 
 def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool,
-         lora: LoraDelta | None = None) -> Tensor:
+         lora: LoraDelta | None = None, stamps: Tensor | None = None) -> Tensor:
     """out[M, N] = x[M, K] @ W^T with the small-M kernel. x: [M, K] with unit stride along K; out: [M, N]
     contiguous; tickets(n) returns a zeroed int32 ticket buffer of at least n entries (gemm._tickets);
     fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only); lora: adapters
-    added in the same launch (gemv_lora.py; `gemv_lora.fits` must hold)."""
+    added in the same launch (gemv_lora.py; `gemv_lora.fits` must hold); stamps: int64 [programs, timeline.SLOTS]
+    that receives a per-program timeline (kernels/timeline.py; GPU only)."""
     m, k = x.shape
     n = w.n
     n_tiles = triton.cdiv(n, cfg.block_n)
@@ -453,11 +465,15 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
         i32, f32 = _placeholders(x.device)
         lora_tail = (0, *[x] * 6, *[0.0] * 3, 0, 0, 0, 0, f32, x, i32)
     pdl = use_pdl(x.device)
+    extra["STAMPS"] = stamps is not None
+    st = stamps if stamps is not None else _placeholders(x.device)[0]
+    if stamps is not None and stamps.numel() < math.prod(grid) * SLOTS:
+        raise ValueError(f"gemv: stamps needs {SLOTS} int64 per program ({math.prod(grid)} programs)")
     if cfg.tma and tma_ok(w, cfg):  # else the pointer kernel with the same tiles
         w_desc = TensorDescriptor.from_tensor(w.values, [cfg.block_n, cfg.block_k // 8])
         s_desc = TensorDescriptor.from_tensor(w.scale, [cfg.block_n, cfg.block_k // w.group])
         _gemv_tma_kernel[grid](
-            x, w_desc, s_desc, out, ws, cnt, m, n, k, k_per_split, split, x.stride(0), out.stride(0), *lora_tail,
+            x, w_desc, s_desc, out, ws, cnt, m, n, k, k_per_split, split, x.stride(0), out.stride(0), *lora_tail, st,
             GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, FAST_INT4=fast_int4,
             SPLIT=split > 1, ONE_ROW=m == 1, STAGES=cfg.num_stages, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps,
             **extra,
@@ -467,7 +483,7 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
     _gemv_kernel[grid](
         x, w.values, w.scale, gs, out, ws, cnt,
         m, n, k, w.scale.shape[-1], k_per_split, split,
-        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0), *lora_tail,
+        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0), *lora_tail, st,
         FMT=w.fmt.code, GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, DOT=cfg.dot,
         K_EVEN=k % cfg.block_k == 0, FAST_INT4=fast_int4, SPLIT=split > 1, PREFETCH=cfg.prefetch,
         ONE_ROW=m == 1, TWO=cfg.dot and cfg.two_tiles, PDL=pdl, launch_pdl=pdl,

@@ -29,8 +29,9 @@ ptxas = getattr(ptxas, "path", ptxas)
 names = list(inspect.signature(gemv._gemv_kernel.fn).parameters)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "gs_ptr": "*bf16", "out_ptr": "*bf16",
             "ws_ptr": "*fp32", "cnt_ptr": "*i32", "la0": "*bf16", "la1": "*bf16", "la2": "*bf16", "lb0": "*bf16",
-            "lb1": "*bf16", "lb2": "*bf16", "lpart": "*fp32", "lt": "*bf16", "lcnt": "*i32"}
-base = dict(FMT=1, GROUP=32, BM=16, BK=128, DOT=True, K_EVEN=True, FAST_INT4=True, SPLIT=True, PDL=True, BR=16)
+            "lb1": "*bf16", "lb2": "*bf16", "lpart": "*fp32", "lt": "*bf16", "lcnt": "*i32", "stamp_ptr": "*i64"}
+base = dict(FMT=1, GROUP=32, BM=16, BK=128, DOT=True, K_EVEN=True, FAST_INT4=True, SPLIT=True, PDL=True, BR=16,
+            STAMPS=False)
 tiles = {"m1": dict(BN=16, TWO=True, PREFETCH=True, ONE_ROW=True), "m16": dict(BN=32, TWO=False, PREFETCH=False,
                                                                                  ONE_ROW=False)}
 def ptxas_report(src, **options):
@@ -53,11 +54,16 @@ for tile, kw in tiles.items():
         constexprs = {(names.index(k),): v for k, v in const.items()}
         src = ASTSource(fn=gemv._gemv_kernel, signature=sig, constexprs=constexprs)
         report[f"{tile}-lora{int(lora)}"] = ptxas_report(src, num_warps=1)
+const = dict(base, LORA=True, STAMPS=True, **tiles["m1"])  # the timeline build (kernels/timeline.py)
+sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
+       for n in names}
+src = ASTSource(fn=gemv._gemv_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
+report["m1-lora1-stamps"] = ptxas_report(src, num_warps=1)
 names = list(inspect.signature(gemv._gemv_tma_kernel.fn).parameters)
 pointers.update(w_desc="tensordesc<i32[32, 32]>", s_desc="tensordesc<bf16[32, 8]>")
 for lora in (False, True):  # the descriptor kernel as configs._GEMV_TALL runs it (M = 1, no split)
     const = dict(GROUP=32, BM=16, BN=32, BK=256, FAST_INT4=True, SPLIT=False, ONE_ROW=True, STAGES=4, PDL=True,
-                 LORA=lora, BR=16)
+                 LORA=lora, BR=16, STAMPS=lora)  # (the LoRA build with the timeline too)
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
            for n in names}
     constexprs = {(names.index(k),): v for k, v in const.items()}
@@ -95,7 +101,7 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "tma-lora0", "tma-lora1", "rope-norm0",
-                           "rope-norm1"}
+    assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
+                           "tma-lora1", "rope-norm0", "rope-norm1"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report

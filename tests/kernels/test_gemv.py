@@ -239,3 +239,29 @@ def test_gpu_decode_is_deterministic_and_graph_capturable():
             static_x.copy_(_randn(m, 4096, seed=seed).bfloat16())
             graph.replay()
             assert torch.equal(static_y, kernels.int4_linear(static_x, packed))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_timeline_stamps_every_program_in_order_and_change_no_result():
+    """kernels/timeline.py through the split GEMV: one stamped row per program, entry <= exit, cycle counts in
+    program order (entry, after the PDL wait, end of the loop), and the same output bits as without stamps."""
+    from orbit_lightning.kernels.timeline import CYCLES, ENTRY_NS, EXIT_NS, SLOTS, SM_ID
+
+    packed, _ = random_weight("int4", (4096, 4096), seed=9, device="cuda")
+    w = resolve("int4", packed, stacked=False)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    cfg = configs.pick_gemv(1, x.device, x.dtype, True, w)
+    tickets = lambda n: gemm._tickets(x.device, n)  # noqa: E731
+    plain = gemv.gemv(x, w, torch.empty((1, w.n), device="cuda", dtype=x.dtype), cfg, tickets, True)
+    stamps = torch.zeros((1 << 14, SLOTS), dtype=torch.int64, device="cuda")
+    stamped = gemv.gemv(x, w, torch.empty_like(plain), cfg, tickets, True, stamps=stamps)
+    assert torch.equal(stamped, plain)
+    rows = stamps[stamps[:, ENTRY_NS] > 0]
+    n_tiles, step = triton.cdiv(w.n, cfg.block_n), cfg.block_k * (2 if cfg.two_tiles else 1)
+    splits = triton.cdiv(4096, configs.gemv_splits(cfg, n_tiles, 4096, x.device, step) * step)
+    assert splits > 1  # the split kernel's grid: N tiles x K splits, one row per program, packed
+    assert rows.shape[0] == n_tiles * splits and (stamps[rows.shape[0] :] == 0).all()
+    assert (rows[:, EXIT_NS] >= rows[:, ENTRY_NS]).all()
+    assert (rows[:, CYCLES + 1] >= rows[:, CYCLES]).all() and (rows[:, CYCLES + 2] >= rows[:, CYCLES + 1]).all()
+    assert rows[:, SM_ID].max().item() < torch.cuda.get_device_properties(0).multi_processor_count
