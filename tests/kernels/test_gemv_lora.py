@@ -52,8 +52,12 @@ def _run(x, packed, cfg, delta, tickets):
 @pytest.mark.usefixtures("cpu_kernels")
 @pytest.mark.parametrize("variant", list(CONFIGS))
 @pytest.mark.parametrize("ns", [(48,), (32, 16, 16)], ids=["one-adapter", "three-adapters"])
-def test_fused_lora_matches_fp64(variant, ns):
-    k, r = 512, 4  # two 256-wide rank slices; rank 4 pads to 16
+@pytest.mark.parametrize("k", [512, 160], ids=["k512", "k160"])
+def test_fused_lora_matches_fp64(variant, ns, k):
+    # K = 512: two 256-wide rank slices (four 128-wide at M = 1); K = 160: one partial slice, masked. Rank 4 pads
+    # to 16.
+    # (At K = 160 the "tma" config's boxes do not fit, so gemv runs the pointer kernel with its tiles.)
+    r = 4
     packed, w = random_weight("int4", (sum(ns), k), seed=3)
     delta = _adapters(ns, k, r)
     tickets = torch.zeros(64, dtype=torch.int32)
