@@ -27,14 +27,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .lora import _BK as SLICE  # one K slice per rank program, as lora.py's down kernel (the same partials)
+from .lora import _BK as SLICE  # K per rank program at M > 1: lora.py's down kernel's slices
 from .lora import MAX_SEGMENTS, _pick
 
 # Constants the jit functions read (Triton takes only constexpr globals).
 _SLICE = tl.constexpr(SLICE)
 SLICE_ONE_ROW = 128  # K per rank program at M = 1: its [16, 128] adapter tile loads at once in a one-warp program
 _SLICE1 = tl.constexpr(SLICE_ONE_ROW)
-_SUB = tl.constexpr(32)  # K per dot in a slice: [16, 32] tiles keep the M = 1 kernel at 128 registers (ptxas)
+_SUB = tl.constexpr(32)  # K per chained dot in a slice (M > 1): [16, 32] operand tiles for one warp
 _G = tl.constexpr(MAX_SEGMENTS)
 # Counters after the weight tiles' tickets: [slice tickets G][flags G][tiles written 1].
 N_COUNTERS = 2 * MAX_SEGMENTS + 1
