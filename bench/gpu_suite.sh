@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
-#   bash bench/gpu_suite.sh [sections...]   (default: all; sections: tests rollout rlstep default kernels)
+#   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels timeline attnwarps)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -27,6 +27,10 @@ for s in $sections; do
     default) timeout 130 python3 -m orbit_lightning.cli model.device=cuda trainer.max_steps=200 trainer.eval_every=50 \
                trainer.output_dir="$OUT/default_run" >"$OUT/default.log" 2>&1 ;;
     kernels) timeout 200 python3 bench/kernels.py --sections dense,moe --budget 170 >"$OUT/kernels.log" 2>&1 ;;
+    timeline) timeout 120 python3 bench/gemv_timeline.py >"$OUT/timeline.log" 2>&1 ;;
+    attnwarps) for w in 4 8; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
+               --new-tokens 64 --prompt-len 512 --batches 1 16 --no-hf --attn-warps $w --profile 8; done \
+               >"$OUT/attnwarps.log" 2>&1 ;;
   esac
   echo "== $s: exit $? in $(( $(date +%s) - start ))s"
 done
@@ -35,4 +39,6 @@ grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" 2>/dev/null | tail -12
 grep -E "^\[profile\] batch|^qwen|roof|HF|dlogprob" "$OUT/rollout.log" 2>/dev/null | tail -24
 grep -A9 -E "^(deterministic )?qwen3" "$OUT/rl_step.log" 2>/dev/null | tail -20
 grep -A6 "== summary" "$OUT/kernels.log" 2>/dev/null
+grep -E "^case|lora|^qkv|^o |^gate|^down" "$OUT/timeline.log" 2>/dev/null
+grep -E "^qwen|_attn_kernel|_merge_kernel" "$OUT/attnwarps.log" 2>/dev/null
 grep -E '"eval/(accuracy|pass@)' "$OUT/default.log" 2>/dev/null | head -12
