@@ -208,8 +208,7 @@ def _flat_program(N, n_splits, N_A, BN: tl.constexpr):
 
 
 @triton.jit
-def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
-          lst1, lst2, lr, lslices, lpart, lt, lcnt,
+def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
           BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
     """Store the finished out^T tile (fp32), with its LoRA delta added when LORA (gemv_lora.py)."""
     y = val.to(out_ptrs.dtype.element_ty)
@@ -223,7 +222,7 @@ def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, la0, la1, la2, lb
 
 @triton.jit
 def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, n_tiles, stride_om,
-               la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
+               lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
                BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
     """Write the out^T tile acc[BN, BM]: directly, or (SPLIT) as split `split`'s fp32 partial, the last
     program of the output tile summing all partials in split order. n_tiles: output tiles along N."""
@@ -232,8 +231,8 @@ def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok,
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     n_writers = n_tiles * tl.cdiv(M, BM)
     if not SPLIT:
-        _emit(acc, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
-              lst1, lst2, lr, lslices, lpart, lt, lcnt, BN, BM, BR, LORA)
+        _emit(acc, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt,
+              lcnt, BN, BM, BR, LORA)
     else:
         # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
         # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
@@ -255,8 +254,8 @@ def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok,
                 total = (((total + p0) + p1) + p2) + p3
                 part_ptrs += 4 * M * N
             tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
-            _emit(total, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
-                  lst1, lst2, lr, lslices, lpart, lt, lcnt, BN, BM, BR, LORA)
+            _emit(total, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr,
+                  lt, lcnt, BN, BM, BR, LORA)
 
 
 # M and the split count are never specialized, so one binary serves every decode batch size. Nor is the
@@ -363,8 +362,8 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                 acc = _fma_rows(w, x_ptr, m0, M, stride_xm, cols, cols < K, acc, BM)
         stamp(stamp_ptr, linear_program(), 5, STAMPS)
         _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
-                   stride_om, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
-                   BN, BM, SPLIT, BR, LORA)  # fmt: skip
+                   stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, BM, SPLIT, BR,
+                   LORA)  # fmt: skip
     stamp(stamp_ptr, linear_program(), 1, STAMPS)
 
 
@@ -391,16 +390,14 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
                           BM, BR, ONE_ROW)  # fmt: skip
     else:
         _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_xm,
-                     stride_om, pid_n, split, pid_m, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
-                     lst1, lst2, lr, lslices, lpart, lt, lcnt,
+                     stride_om, pid_n, split, pid_m, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
                      GROUP, BM, BN, BK, FAST_INT4, SPLIT, ONE_ROW, STAGES, LORA, BR)  # fmt: skip
     stamp(stamp_ptr, linear_program(), 1, STAMPS)
 
 
 @triton.jit
 def _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_xm,
-                 stride_om, pid_n, split, pid_m, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2,
-                 lst1, lst2, lr, lslices, lpart, lt, lcnt,
+                 stride_om, pid_n, split, pid_m, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
                  GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST_INT4: tl.constexpr,
                  SPLIT: tl.constexpr, ONE_ROW: tl.constexpr, STAGES: tl.constexpr, LORA: tl.constexpr,
                  BR: tl.constexpr):  # fmt: skip
@@ -421,8 +418,8 @@ def _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per
         x = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM, BK, ONE_ROW)
         acc = _dot_step(w, x, acc, BM, BK, ONE_ROW)
     _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
-               stride_om, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
-               BN, BM, SPLIT, BR, LORA)  # fmt: skip
+               stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, BM, SPLIT, BR,
+               LORA)  # fmt: skip
 
 
 _PLACEHOLDERS: dict[torch.device, tuple[Tensor, Tensor]] = {}
@@ -453,6 +450,7 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
     cnt = tickets(n_tickets + (N_COUNTERS if lora is not None else 0)) if split > 1 or lora is not None else out
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out  # unused if 1
     grid = (n_tiles, split, m_tiles)
+    i32, f32 = _placeholders(x.device)
     if lora is not None:
         if not fits(lora, x, n, cfg.block_m, cfg.block_n):
             raise ValueError("gemv: these LoRA adapters do not fit the fused path (gemv_lora.fits)")
@@ -462,11 +460,10 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
         lora_tail = (largs.programs, *largs.args)
     else:  # typed placeholders: Triton compiles the (never taken) rank branch even without LORA
         extra = dict(LORA=False, BR=16)
-        i32, f32 = _placeholders(x.device)
         lora_tail = (0, *[x] * 6, *[0.0] * 3, 0, 0, 0, 0, f32, x, i32)
     pdl = use_pdl(x.device)
     extra["STAMPS"] = stamps is not None
-    st = stamps if stamps is not None else _placeholders(x.device)[0]
+    st = stamps if stamps is not None else i32
     if stamps is not None and stamps.numel() < math.prod(grid) * SLOTS:
         raise ValueError(f"gemv: stamps needs {SLOTS} int64 per program ({math.prod(grid)} programs)")
     if cfg.tma and tma_ok(w, cfg):  # else the pointer kernel with the same tiles

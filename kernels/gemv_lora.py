@@ -67,8 +67,16 @@ def fits(delta: LoraDelta, x: Tensor, n: int, block_m: int, block_n: int) -> boo
         return False
     if any(ag.shape != (r, k) or bg.dim() != 2 or bg.shape[1] != r for ag, bg in zip(a, b)):
         return False
-    starts = [sum(bg.shape[0] for bg in b[:i]) for i in range(len(b) + 1)]
+    starts = _starts(b)
     return starts[-1] == n and all(s % block_n == 0 for s in starts[1:-1]) and x.shape[1] == k
+
+
+def _starts(b: list[Tensor]) -> list[int]:
+    """Each adapter's first output column, then the total: [0, N_0, N_0 + N_1, ..., sum N_g]."""
+    starts = [0]
+    for bg in b:
+        starts.append(starts[-1] + bg.shape[0])
+    return starts
 
 
 def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: torch.device) -> LoraArgs:
@@ -78,8 +86,7 @@ def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: 
     b = [t.contiguous() for t in delta.b]
     g, (r, k) = len(a), a[0].shape
     pad = MAX_SEGMENTS - g
-    starts = [sum(bg.shape[0] for bg in b[:i]) for i in range(1, MAX_SEGMENTS)]
-    starts = [s if i < g - 1 else 1 << 30 for i, s in enumerate(starts)]  # absent adapters start past any row
+    starts = _starts(b)[1:g] + [1 << 30] * pad  # adapters 1 and 2's first rows; absent ones start past any row
     br = max(16, triton.next_power_of_2(r))
     slices = triton.cdiv(k, SLICE_ONE_ROW if m == 1 else SLICE)
     partials = torch.empty((g, slices, block_m, br), dtype=torch.float32, device=device)

@@ -50,16 +50,18 @@ class LoraLinear(AdapterLayer):
         self.in_features, self.out_features = k, n
 
     def forward(self, x: Tensor) -> Tensor:
-        base = self.base_layer
-        if type(base) is QuantLinear and base.bias is None:
-            delta = decode_delta([self], x)
+        base, t = self.base_layer, self.active_tensors()
+        if t is not None and type(base) is QuantLinear and base.bias is None:
+            delta = decode_delta([self], x, [t])
             if delta is not None:  # decode: the adapter rides in the base GEMV's launch
                 return base.matmul(x, lora=delta)
-        return self.add_delta(base(x), x)
+        return self._add_delta(base(x), x, t)
 
     def add_delta(self, y: Tensor, x: Tensor) -> Tensor:
         """y (the base's output for x) plus the active adapter's s · B(A(dropout(x)))."""
-        t = self.active_tensors()
+        return self._add_delta(y, x, self.active_tensors())
+
+    def _add_delta(self, y: Tensor, x: Tensor, t: dict[str, Tensor] | None) -> Tensor:
         if t is None:
             return y
         a, b = t["lora_A"], t["lora_B"]
@@ -69,11 +71,13 @@ class LoraLinear(AdapterLayer):
         return y + (delta * self.scaling).to(y.dtype)
 
 
-def decode_delta(layers, x: Tensor):
+def decode_delta(layers, x: Tensor, tensors: list[dict[str, Tensor] | None] | None = None):
     """The active adapters of `layers` (LoraLinears reading x, outputs side by side) as one `kernels.LoraDelta` for
     the decode kernels, which add them in the base matmul's launch; None unless every layer has an active adapter,
-    all of one rank, that the decode kernels take (see `_fused_decode`)."""
-    tensors = [m.active_tensors() if isinstance(m, LoraLinear) else None for m in layers]
+    all of one rank, that the decode kernels take (see `_fused_decode`). tensors: the layers' active tensors, where
+    the caller has read them already."""
+    if tensors is None:
+        tensors = [m.active_tensors() if isinstance(m, LoraLinear) else None for m in layers]
     if any(t is None for t in tensors):
         return None
     a, b = [t["lora_A"] for t in tensors], [t["lora_B"] for t in tensors]
