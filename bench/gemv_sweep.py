@@ -1,6 +1,6 @@
 """Sweep of the small-M (decode) kernel and of the one-pass int4 dequantize, on the GPU machine.
 
-    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final]
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph
 cold-L2 times (graph_us), each output checked against an fp32 reference; per-variant geomean speedups
@@ -9,6 +9,7 @@ winners wired into configs._GEMV for this process and bench/kernels.py's dense t
 dequant: old vs new kernels.dequantize timed with do_bench and graph_us (the difference is host cost
 that do_bench cannot hide), host cost per call on a tiny weight and its parts, int4 tile variants, and
 a device copy / fill for the bandwidth ceiling. train: dequantize + cuBLAS vs bf16, fwd + dX, M = 4096.
+mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs.
 """
 
 from __future__ import annotations
@@ -129,6 +130,19 @@ def section_tma(deadline: float) -> None:
                  models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
 
 
+def mma_variants() -> dict[str, GemvConfig]:
+    """The per-thread mma kernel (gemv_mma.py, M = 1): row tiles per warp x warps per program x warps per SM."""
+    return {f"mma{bn}w{nw}/p{pps}": GemvConfig(16, bn, 128, mma=True, num_warps=nw, programs_per_sm=pps)
+            for bn in (16, 32) for nw in (4, 8, 16) for pps in (8, 12, 16, 24)}  # fmt: skip
+
+
+def section_mma(deadline: float) -> None:
+    """The mma kernel's variants against the shipped M = 1 split and TMA configs, M = 1."""
+    shipped = {"split/shipped": configs.GEMV_ONE_ROW, "tma/shipped": configs._GEMV_TALL}
+    section_gemv(deadline, {1: {**mma_variants(), **shipped}, 16: {}}, models=("Qwen3-8B", "Qwen3-30B-A3B",
+                                                                                "DeepSeek-V3"))  # fmt: skip
+
+
 def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]] | None = None,
                  models: tuple[str, ...] = tuple(bk.DENSE)) -> None:
     say("\n== gemv sweep: int4-g32 forward, graph_us (cold L2, no host cost), x = bf16 F.linear us / variant us ==")
@@ -151,7 +165,7 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
             say("(budget: gemv sweep cut short)")
             break
         packed, w, wdq, wbf = layer_case(fmt, n, k)
-        for m in (1, 16):
+        for m in (m for m in (1, 16) if variants_by_m.get(m)):
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref, bound = reference(x, wdq)
             old_cfg = configs._FAST["fwd"][0][1]
@@ -430,7 +444,7 @@ def main() -> None:
     deadline = time.time() + args.budget
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
-                "final": section_final, "lora": section_lora}
+                "final": section_final, "lora": section_lora, "mma": section_mma}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

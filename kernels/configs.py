@@ -102,6 +102,8 @@ class GemvConfig:
     two_tiles: bool = False  # dot: two block_k tiles per iteration (longer contiguous reads per row)
     maxnreg: int | None = None  # register cap per thread (more programs per SM), None = compiler's choice
     tma: bool = False  # int4: words and scales by TMA descriptors, num_stages deep (gemv._gemv_tma_kernel)
+    mma: bool = False  # M = 1 int4 on bf16: the per-thread mma kernel (gemv_mma.py), block_n // 16 row tiles per
+    # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -112,6 +114,8 @@ class GemvConfig:
             raise ValueError("GemvConfig with dot=True needs block_m and block_n >= 16 (tl.dot minimum)")
         if self.block_k < 32:
             raise ValueError(f"GemvConfig.block_k must be >= 32, got {self.block_k}")
+        if self.mma and self.block_n not in (16, 32):
+            raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
         if self.k_iters < 0 or self.programs_per_sm < 1:
             raise ValueError("GemvConfig.k_iters must be >= 0 and programs_per_sm >= 1")
 
@@ -127,6 +131,7 @@ _GEMV: tuple[tuple[int, GemvConfig], ...] = (
     (16, GemvConfig(16, 32, 128, programs_per_sm=8, prefetch=False)),
 )
 GEMV_MAX_M = _GEMV[-1][0]
+GEMV_ONE_ROW = _GEMV[0][1]
 _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small tiles, same code
 
 
@@ -136,9 +141,15 @@ _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small
 # 15.1 -> 12.9 us; a tie at K = 7168 and slower on shorter matrices, which keep the split kernel.
 _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 
+# M = 1, int4 (groups >= 32) on bf16: the per-thread mma kernel, ~350 instructions per 4096 weights where the tile
+# kernels above issue ~700 (gemv_mma.py). Two row tiles per warp share the activations' loads; K is split over up to
+# 8 warps of a program, for ~12 warps per SM.
+_GEMV_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=12)
 
-def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,
-              w: PackedWeight | None = None) -> GemvConfig | None:
+
+def pick_gemv(
+    m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool, w: PackedWeight | None = None
+) -> GemvConfig | None:
     """The small-M kernel's config for M rows of `dtype` activations times weight `w`, or None where the
     tile GEMM serves: larger M, batch-invariant mode (its single fixed tile config must serve every M) and, on
     the GPU, anything but int4 through the packed-bf16 decoder (`packed_int4`; bf16 activations): the kernel
@@ -149,10 +160,24 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return _GEMV_CPU
     if not packed_int4:
         return None
+    if m == 1 and w is not None and mma_ok(w, _GEMV_MMA):
+        return _GEMV_MMA
     if m == 1 and w is not None and w.k <= 4096 and w.n >= 4 * _GEMV_TALL.block_n * sm_count(device):
         if tma_ok(w, _GEMV_TALL):
             return _GEMV_TALL
     return next(cfg for bound, cfg in _GEMV if m <= bound)
+
+
+TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32 values
+
+
+def mma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
+    """Whether gemv_mma.py's kernel reads `w` (with bf16 activations on an sm_80+ GPU, M = 1): int4 with groups of
+    at least 32 (a lane's 32 values share a scale), K a multiple of its 128-wide steps, N of block_n, contiguous
+    words on 16 bytes (the activations' alignment is gemv.gemv's to check)."""
+    return (w.fmt.code == INT4 and w.experts is None and w.group >= 32 and w.k % TILE_K == 0
+            and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
+            and w.values.data_ptr() % 16 == 0)  # fmt: skip
 
 
 def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:

@@ -22,15 +22,13 @@ activation dtype) and products are accumulated in fp32, so this is the same func
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .configs import GemvConfig, gemv_splits, tma_ok
+from .configs import GEMV_ONE_ROW, GemvConfig, gemv_splits, mma_ok, tma_ok
 from .dequant import (
     _expand_groups,
     _int4_words_to_bf16,
@@ -43,17 +41,11 @@ from .dequant import (
     load_scales,
 )
 from .formats import PackedWeight
-from .gemv_lora import (
-    N_COUNTERS,
-    LoraDelta,
-    fits,
-    lora_args,
-    lora_finish_tile,
-    lora_rank_program,
-    lora_tile_written,
-)
+from .gemv_lora import N_COUNTERS, LoraDelta, lora_rank_program
+from .gemv_mma import gemv_mma
+from .gemv_out import flat_program, launch_args, store_out
 from .pdl import use_pdl, wait_for_producers
-from .timeline import SLOTS, linear_program, stamp
+from .timeline import linear_program, stamp
 
 
 @triton.jit
@@ -197,67 +189,6 @@ def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.
     return _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, BN, BK)
 
 
-@triton.jit
-def _flat_program(N, n_splits, N_A, BN: tl.constexpr):
-    """(pid_n, split, pid_m, is_rank) in a LoRA launch's flat grid: N_A rank programs first (gemv_lora.py), then the
-    weight programs, N tiles fastest. (Without LoRA the grid is (N tiles, splits, M tiles) and is_rank a constant
-    False: the rank branch is dead code, though Triton still type-checks it, hence gemv()'s typed placeholders.)"""
-    q = tl.maximum(tl.program_id(0) - N_A, 0)
-    n_tiles = tl.cdiv(N, BN)
-    return q % n_tiles, (q // n_tiles) % n_splits, q // (n_tiles * n_splits), tl.program_id(0) < N_A
-
-
-@triton.jit
-def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
-          BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
-    """Store the finished out^T tile (fp32), with its LoRA delta added when LORA (gemv_lora.py)."""
-    y = val.to(out_ptrs.dtype.element_ty)
-    if LORA:
-        y = lora_finish_tile(y, pid_n * BN, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt,
-                             lcnt, BN, BM, BR)  # fmt: skip
-    tl.store(out_ptrs, y, mask=mask)
-    if LORA:
-        lora_tile_written(lcnt, n_writers)  # after the store: off the tile's critical path
-
-
-@triton.jit
-def _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, n_tiles, stride_om,
-               lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
-               BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
-    """Write the out^T tile acc[BN, BM]: directly, or (SPLIT) as split `split`'s fp32 partial, the last
-    program of the output tile summing all partials in split order. n_tiles: output tiles along N."""
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    mask = (offs_n[:, None] < N) & m_ok[None, :]
-    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
-    n_writers = n_tiles * tl.cdiv(M, BM)
-    if not SPLIT:
-        _emit(acc, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt,
-              lcnt, BN, BM, BR, LORA)
-    else:
-        # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
-        # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
-        part_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
-        tl.store(part_ptrs + split.to(tl.int64) * M * N, acc, mask=mask)
-        tl.debug_barrier()
-        tile = pid_m * n_tiles + pid_n
-        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if ticket == n_splits - 1:
-            # Fixed order, so the sum does not depend on arrival order; four partials are loaded per round
-            # (independent loads, one L2 round trip) since this tail is on the kernel's critical path.
-            total = tl.zeros((BN, BM), dtype=tl.float32)
-            for s0 in range(0, n_splits, 4):
-                left = tl.zeros((BN, BM), tl.int32) + (n_splits - s0)  # as a tensor: interpreter masks
-                p0 = tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-                p1 = tl.load(part_ptrs + M * N, mask=mask & (left > 1), other=0.0, cache_modifier=".cg")
-                p2 = tl.load(part_ptrs + 2 * M * N, mask=mask & (left > 2), other=0.0, cache_modifier=".cg")
-                p3 = tl.load(part_ptrs + 3 * M * N, mask=mask & (left > 3), other=0.0, cache_modifier=".cg")
-                total = (((total + p0) + p1) + p2) + p3
-                part_ptrs += 4 * M * N
-            tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
-            _emit(total, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr,
-                  lt, lcnt, BN, BM, BR, LORA)
-
-
 # M and the split count are never specialized, so one binary serves every decode batch size. Nor is the
 # scale row stride: unproven alignment makes the compiler load one scale per thread (2 bytes, not a
 # 16-byte vector of 8 groups), which is the register layout the decoder wants: thread (row, group) owns
@@ -273,7 +204,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                  PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr):  # fmt: skip
     stamp(stamp_ptr, linear_program(), 0, STAMPS)  # (timeline.py: compiled out unless STAMPS)
     if LORA:
-        pid_n, split, pid_m, is_rank = _flat_program(N, n_splits, N_A, BN)
+        pid_n, split, pid_m, is_rank = flat_program(N, n_splits, N_A, BN)
     else:
         pid_n, split, pid_m, is_rank = tl.program_id(0), tl.program_id(1), tl.program_id(2), False
     if is_rank:
@@ -361,7 +292,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                 cols = k0 + tl.arange(0, BK)
                 acc = _fma_rows(w, x_ptr, m0, M, stride_xm, cols, cols < K, acc, BM)
         stamp(stamp_ptr, linear_program(), 5, STAMPS)
-        _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
+        store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
                    stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, BM, SPLIT, BR,
                    LORA)  # fmt: skip
     stamp(stamp_ptr, linear_program(), 1, STAMPS)
@@ -382,7 +313,7 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
     wait_for_producers(PDL)
     stamp(stamp_ptr, linear_program(), 4, STAMPS)
     if LORA:
-        pid_n, split, pid_m, is_rank = _flat_program(N, n_splits, N_A, BN)
+        pid_n, split, pid_m, is_rank = flat_program(N, n_splits, N_A, BN)
     else:
         pid_n, split, pid_m, is_rank = tl.program_id(0), tl.program_id(1), tl.program_id(2), False
     if is_rank:
@@ -417,28 +348,30 @@ def _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per
             w = _k_permute(w.to(x_ptr.dtype.element_ty), BN, BK)
         x = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM, BK, ONE_ROW)
         acc = _dot_step(w, x, acc, BM, BK, ONE_ROW)
-    _store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
+    store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
                stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, BM, SPLIT, BR,
                LORA)  # fmt: skip
 
 
-_PLACEHOLDERS: dict[torch.device, tuple[Tensor, Tensor]] = {}
-
-
-def _placeholders(device: torch.device) -> tuple[Tensor, Tensor]:
-    if device not in _PLACEHOLDERS:
-        _PLACEHOLDERS[device] = (torch.zeros(1, dtype=torch.int32, device=device),
-                                 torch.zeros(1, dtype=torch.float32, device=device))  # fmt: skip
-    return _PLACEHOLDERS[device]
-
-
-def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool,
-         lora: LoraDelta | None = None, stamps: Tensor | None = None) -> Tensor:
+def gemv(
+    x: Tensor,
+    w: PackedWeight,
+    out: Tensor,
+    cfg: GemvConfig,
+    tickets,
+    fast_int4: bool,
+    lora: LoraDelta | None = None,
+    stamps: Tensor | None = None,
+) -> Tensor:
     """out[M, N] = x[M, K] @ W^T with the small-M kernel. x: [M, K] with unit stride along K; out: [M, N]
     contiguous; tickets(n) returns a zeroed int32 ticket buffer of at least n entries (gemm._tickets);
     fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only); lora: adapters
     added in the same launch (gemv_lora.py; `gemv_lora.fits` must hold); stamps: int64 [programs, timeline.SLOTS]
     that receives a per-program timeline (kernels/timeline.py; GPU only)."""
+    if cfg.mma:
+        if mma_ok(w, cfg) and x.shape[0] == 1 and fast_int4 and x.data_ptr() % 16 == 0:
+            return gemv_mma(x, w, out, cfg, tickets, lora, stamps)
+        cfg = GEMV_ONE_ROW  # e.g. activations off a 16-byte boundary: this kernel's M = 1 tiles
     m, k = x.shape
     n = w.n
     n_tiles = triton.cdiv(n, cfg.block_n)
@@ -449,28 +382,16 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
     n_tickets = n_tiles * m_tiles if split > 1 else 0
     cnt = tickets(n_tickets + (N_COUNTERS if lora is not None else 0)) if split > 1 or lora is not None else out
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out  # unused if 1
-    grid = (n_tiles, split, m_tiles)
-    i32, f32 = _placeholders(x.device)
-    if lora is not None:
-        if not fits(lora, x, n, cfg.block_m, cfg.block_n):
-            raise ValueError("gemv: these LoRA adapters do not fit the fused path (gemv_lora.fits)")
-        largs = lora_args(lora, m, cfg.block_m, cnt[n_tickets:], x.device)
-        grid = (largs.programs + n_tiles * split * m_tiles,)
-        extra = dict(LORA=True, BR=largs.block_r)
-        lora_tail = (largs.programs, *largs.args)
-    else:  # typed placeholders: Triton compiles the (never taken) rank branch even without LORA
-        extra = dict(LORA=False, BR=16)
-        lora_tail = (0, *[x] * 6, *[0.0] * 3, 0, 0, 0, 0, f32, x, i32)
+    launch = launch_args(x, n, lora, cfg.block_m, cfg.block_n, lambda: cnt[n_tickets:], n_tiles * split * m_tiles,
+                         stamps)  # fmt: skip
+    grid = (launch.rank_programs + n_tiles * split * m_tiles,) if lora is not None else (n_tiles, split, m_tiles)
     pdl = use_pdl(x.device)
-    extra["STAMPS"] = stamps is not None
-    st = stamps if stamps is not None else i32
-    if stamps is not None and stamps.numel() < math.prod(grid) * SLOTS:
-        raise ValueError(f"gemv: stamps needs {SLOTS} int64 per program ({math.prod(grid)} programs)")
+    extra = launch.constexprs
     if cfg.tma and tma_ok(w, cfg):  # else the pointer kernel with the same tiles
         w_desc = TensorDescriptor.from_tensor(w.values, [cfg.block_n, cfg.block_k // 8])
         s_desc = TensorDescriptor.from_tensor(w.scale, [cfg.block_n, cfg.block_k // w.group])
         _gemv_tma_kernel[grid](
-            x, w_desc, s_desc, out, ws, cnt, m, n, k, k_per_split, split, x.stride(0), out.stride(0), *lora_tail, st,
+            x, w_desc, s_desc, out, ws, cnt, m, n, k, k_per_split, split, x.stride(0), out.stride(0), *launch.tail,
             GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, FAST_INT4=fast_int4,
             SPLIT=split > 1, ONE_ROW=m == 1, STAGES=cfg.num_stages, PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps,
             **extra,
@@ -480,7 +401,7 @@ def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast
     _gemv_kernel[grid](
         x, w.values, w.scale, gs, out, ws, cnt,
         m, n, k, w.scale.shape[-1], k_per_split, split,
-        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0), *lora_tail, st,
+        x.stride(0), w.values.stride(0), w.scale.stride(0), out.stride(0), *launch.tail,
         FMT=w.fmt.code, GROUP=w.group, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, DOT=cfg.dot,
         K_EVEN=k % cfg.block_k == 0, FAST_INT4=fast_int4, SPLIT=split > 1, PREFETCH=cfg.prefetch,
         ONE_ROW=m == 1, TWO=cfg.dot and cfg.two_tiles, PDL=pdl, launch_pdl=pdl,

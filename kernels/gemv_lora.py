@@ -140,7 +140,7 @@ def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_p
                         mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)  # fmt: skip
             part = tl.dot(x.to(a.dtype), tl.trans(a), part)
         tl.store(part_ptr + (seg * slices + s) * BM * BR + tile, part, mask=rows[:, None] < M)
-    tl.debug_barrier()  # every thread's partial precedes the ticket (as gemv._store_out's split tail)
+    tl.debug_barrier()  # every thread's partial precedes the ticket (as gemv_out.store_out's split tail)
     ticket = tl.atomic_add(cnt_ptr + seg, 1, sem="acq_rel")
     if ticket == slices - 1:
         t = _sum_partials(part_ptr + seg * slices * BM * BR, slices, M, BM, BR, ONE_ROW)

@@ -9,6 +9,7 @@ M = 1 kernel within 168 registers per thread, which keeps the 12 one-warp progra
 for resident (65,536 / (12 * 32) = 170).
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -35,14 +36,16 @@ base = dict(FMT=1, GROUP=32, BM=16, BK=128, DOT=True, K_EVEN=True, FAST_INT4=Tru
 tiles = {"m1": dict(BN=16, TWO=True, PREFETCH=True, ONE_ROW=True), "m16": dict(BN=32, TWO=False, PREFETCH=False,
                                                                                  ONE_ROW=False)}
 def ptxas_report(src, **options):
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
         out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
                              text=True, check=True).stderr
     spills = out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1
-    return {"registers": int(out.split("Used ")[1].split(" registers")[0]), "spills": spills}
+    layouts = sorted({line.split(" = ", 1)[1] for line in ttgir.splitlines() if line.startswith("#blocked")})
+    return {"registers": int(out.split("Used ")[1].split(" registers")[0]), "spills": spills, "layouts": layouts}
 
 
 report = {}
@@ -70,6 +73,17 @@ for lora in (False, True):  # the descriptor kernel as configs._GEMV_TALL runs i
     src = ASTSource(fn=gemv._gemv_tma_kernel, signature=sig, constexprs=constexprs)
     report[f"tma-lora{int(lora)}"] = ptxas_report(src, num_warps=1)
 
+from orbit_lightning.kernels import gemv_mma
+
+names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
+for mt, nw, lora in ((2, 8, False), (2, 8, True), (1, 4, False)):
+    const = dict(GROUP=32, MT=mt, NW=nw, PDL=True, LORA=lora, BR=16, STAMPS=False)
+    sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
+           for n in names}
+    src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in const.items()})
+    report[f"mma-mt{mt}-lora{int(lora)}"] = ptxas_report(src, num_warps=nw)
+
 import importlib
 
 rope = importlib.import_module("orbit_lightning.kernels.rope")  # (the package exports the function under that name)
@@ -95,13 +109,33 @@ def _compiler_available() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _compiler_available(), reason="this triton install has no NVIDIA backend / ptxas")
-def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
+@functools.cache
+def _report() -> dict:
+    """The script's per-kernel report (compiled once for this module's tests)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not _compiler_available(), reason="this triton install has no NVIDIA backend / ptxas")
+def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
+    report = _report()
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
-                           "tma-lora1", "rope-norm0", "rope-norm1"}
+                           "tma-lora1", "mma-mt2-lora0", "mma-mt2-lora1", "mma-mt1-lora0", "rope-norm0",
+                           "rope-norm1"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
+
+
+@pytest.mark.skipif(not _compiler_available(), reason="this triton install has no NVIDIA backend / ptxas")
+def test_mma_gemv_keeps_one_element_per_thread_and_few_registers():
+    """gemv_mma.py's inline PTX assumes element i of its [32 * warps] tensors is thread i's register; Triton's layout
+    for them must be one element per thread, 32 threads along a warp. Its registers must leave room for the ~12
+    warps per SM its config asks for (and then some): <= 128 per thread."""
+    report = _report()
+    for name in ("mma-mt2-lora0", "mma-mt2-lora1", "mma-mt1-lora0"):
+        nw = 8 if "mt2" in name else 4
+        one_per_thread = f"<{{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [{nw}], order = [0]}}>"
+        assert f"#ttg.blocked{one_per_thread}" in report[name]["layouts"], report[name]["layouts"]
+        assert report[name]["registers"] <= 128 and not report[name]["spills"], report[name]

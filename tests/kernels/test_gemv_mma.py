@@ -1,0 +1,110 @@
+"""The batch-1 mma GEMV (kernels/gemv_mma.py): its warp split on the CPU, and on the GPU bf16 results against the
+float64 oracle, with LoRA in the launch, determinism, graph replay and the dispatch.
+
+The kernel is inline PTX (no interpreter run); tests/kernels/test_compile_sm90.py compiles it on the CPU. GPU bound:
+test_gemv.py's 2^-8 (sum |x||w| + |ref|): each weight rounds once to bf16 by the same decoder, products are exact
+in the mma, the fp32 sum adds K 2^-24 and the output rounds once. With adapters, test_gemv_lora.py's 2^-7.
+"""
+
+import pytest
+import torch
+from orbit_lightning.kernels import configs, gemm, gemv
+from orbit_lightning.kernels.configs import GemvConfig
+from orbit_lightning.kernels.formats import resolve
+from orbit_lightning.kernels.gemv_lora import LoraDelta
+from orbit_lightning.kernels.gemv_mma import warps_for
+
+from orbit_lightning import kernels
+from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
+from tests.kernels.test_gemv_lora import _adapters, _oracle
+
+
+def test_warps_split_k_evenly_and_fill_the_sms():
+    cfg = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=12)
+    assert warps_for(cfg, 6144, 4096, 132) == 8  # 192 programs want 9 warps each: capped at 8, 4 K tiles per warp
+    assert warps_for(cfg, 24576, 4096, 132) == 4  # 768 programs want 3: the next power of two
+    assert warps_for(cfg, 4096, 1536, 132) == 4  # 12 K tiles: 8 warps would not divide them
+    assert warps_for(cfg, 4096, 7168, 132) == 8  # 56 tiles
+    assert warps_for(cfg, 1 << 20, 4096, 132) == 1  # enough programs already
+    assert warps_for(cfg, 32, 128, 132) == 1  # one K tile
+    with pytest.raises(ValueError, match="block_n 16 or 32"):
+        GemvConfig(16, 64, 128, mma=True)
+
+
+def test_the_mma_kernel_serves_only_what_it_reads():
+    cfg = configs._GEMV_MMA
+    for fmt, shape, ok in [("int4", (64, 256), True), ("int4-g128", (64, 384), True), ("int4", (64, 160), False),
+                           ("int4", (48, 256), False), ("fp8", (64, 256), False)]:  # fmt: skip
+        packed, _ = random_weight(fmt, shape, seed=0)
+        assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
+
+
+def _gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
+
+
+def _tickets(n: int) -> torch.Tensor:
+    return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
+
+
+CASES = {  # name: (format, N, K, config)
+    "qkv-8warps": ("int4", 6144, 4096, configs._GEMV_MMA),
+    "down-longK": ("int4", 4096, 12288, configs._GEMV_MMA),
+    "g128-56tiles": ("int4-g128", 512, 7168, configs._GEMV_MMA),
+    "one-rowtile": ("int4", 272, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4)),
+    "one-warp": ("int4", 64, 256, GemvConfig(16, 32, 128, mma=True, num_warps=1)),
+    "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
+}
+
+
+@_gpu
+@pytest.mark.parametrize("case", list(CASES))
+def test_gpu_mma_gemv_matches_fp64_deterministically(case):
+    fmt, n, k, cfg = CASES[case]
+    packed, w = random_weight(fmt, (n, k), seed=2, device="cuda")
+    wk = resolve(fmt, packed, stacked=False)
+    assert configs.mma_ok(wk, cfg)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    y = gemv.gemv(x, wk, torch.empty((1, n), dtype=torch.bfloat16, device="cuda"), cfg, _tickets, True)
+    ref = x.double() @ w.T
+    assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
+    again = gemv.gemv(x, wk, torch.empty_like(y), cfg, _tickets, True)
+    assert torch.equal(y, again)
+    # The split kernel multiplies the same bf16 weights; only the fp32 summation order differs.
+    split = gemv.gemv(x, wk, torch.empty_like(y), configs._GEMV[0][1], _tickets, True)
+    assert_within(y, split.double(), matmul_bound(x, w, ref, 2.0**-8))
+
+
+@_gpu
+def test_gpu_dispatch_lora_and_graph_replay():
+    """int4_linear at M = 1 takes the mma kernel; three adapters ride in its launch (fp64 oracle, 2^-7 as in
+    test_gemv_lora.py); a captured graph replays with new activations."""
+    n, k, ns = 6144, 4096, (4096, 1024, 1024)
+    packed, w = random_weight("int4", (n, k), seed=6, device="cuda")
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    assert configs.pick_gemv(1, x.device, x.dtype, True, resolve("int4", packed, stacked=False)).mma
+    delta = _adapters(ns, k, 16, torch.bfloat16)
+    delta = LoraDelta([t.cuda() for t in delta.a], [t.cuda() for t in delta.b], delta.scale)
+    fused = kernels.dequant_linear(x, "int4", packed, lora=delta)
+    ref, mag = _oracle(x.double().cpu(), w.cpu(), LoraDelta([t.cpu() for t in delta.a], [t.cpu() for t in delta.b],
+                                                           delta.scale))  # fmt: skip
+    assert_within(fused.cpu(), ref, 2.0**-7 * (mag + ref.abs()))
+    assert torch.equal(kernels.dequant_linear(x, "int4", packed, lora=delta), fused)  # flags re-armed
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = kernels.dequant_linear(static_x, "int4", packed, lora=delta)
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(1, k, generator=torch.Generator("cuda").manual_seed(seed), device="cuda").bfloat16())
+        graph.replay()
+        assert torch.equal(static_y, kernels.dequant_linear(static_x, "int4", packed, lora=delta))
+
+
+@_gpu
+def test_gpu_misaligned_activations_take_the_split_kernel():
+    packed, w = random_weight("int4", (256, 1024), seed=3, device="cuda")
+    buf = torch.randn(1, 1024 + 1, device="cuda", dtype=torch.bfloat16)
+    x = buf[:, 1:]  # 2 bytes past a 16-byte boundary: the mma kernel's vector loads cannot take it
+    y = kernels.int4_linear(x, packed)
+    ref = x.double() @ w.T
+    assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
