@@ -131,9 +131,14 @@ def section_tma(deadline: float) -> None:
 
 
 def mma_variants() -> dict[str, GemvConfig]:
-    """The per-thread mma kernel (gemv_mma.py, M = 1): row tiles per warp x warps per program x warps per SM."""
-    return {f"mma{bn}w{nw}/p{pps}": GemvConfig(16, bn, 128, mma=True, num_warps=nw, programs_per_sm=pps)
-            for bn in (16, 32) for nw in (4, 8, 16) for pps in (8, 12, 16, 24)}  # fmt: skip
+    """The per-thread mma kernel (gemv_mma.py, M = 1): warps per program x warps per SM x K tiles per step x the L2
+    prefetch hint, one row tile per warp (two row tiles lost almost everywhere, bench/RESULTS.md)."""
+    out = {f"mma16w{nw}/p{pps}/t{tiles}/l2{pf}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
+                                                            mma_tiles=tiles, l2_prefetch=pf)
+           for nw in (8, 16) for pps in (16, 24) for tiles in (1, 2, 4) for pf in (0, 128, 256)}  # fmt: skip
+    out.update({f"mma32w8/p16/t{t}": GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=t)
+                for t in (1, 2)})  # fmt: skip
+    return out
 
 
 def section_mma(deadline: float) -> None:

@@ -103,7 +103,9 @@ class GemvConfig:
     maxnreg: int | None = None  # register cap per thread (more programs per SM), None = compiler's choice
     tma: bool = False  # int4: words and scales by TMA descriptors, num_stages deep (gemv._gemv_tma_kernel)
     mma: bool = False  # M = 1 int4 on bf16: the per-thread mma kernel (gemv_mma.py), block_n // 16 row tiles per
-    # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM
+    # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
+    mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
+    l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -116,6 +118,8 @@ class GemvConfig:
             raise ValueError(f"GemvConfig.block_k must be >= 32, got {self.block_k}")
         if self.mma and self.block_n not in (16, 32):
             raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
+        if self.mma_tiles not in (1, 2, 4) or self.l2_prefetch not in (0, 64, 128, 256):
+            raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
         if self.k_iters < 0 or self.programs_per_sm < 1:
             raise ValueError("GemvConfig.k_iters must be >= 0 and programs_per_sm >= 1")
 
@@ -141,10 +145,14 @@ _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small
 # 15.1 -> 12.9 us; a tie at K = 7168 and slower on shorter matrices, which keep the split kernel.
 _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 
-# M = 1, int4 (groups >= 32) on bf16: the per-thread mma kernel, ~350 instructions per 4096 weights where the tile
-# kernels above issue ~700 (gemv_mma.py). Two row tiles per warp share the activations' loads; K is split over up to
-# 8 warps of a program, for ~12 warps per SM.
-_GEMV_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=12)
+# M = 1, int4 (groups >= 32) on bf16: the per-thread mma kernel (gemv_mma.py), about half the instructions per weight
+# of the tile kernels above. bench/gemv_sweep.py --sections mma (H200, 2026-11-30): faster on matrices up to ~32 MB
+# packed (Qwen3-8B qkv 10.4 -> 9.6 us, o 9.3 -> 8.2, down 16.3 -> 16.0; Qwen3-30B-A3B qkv 7.6 -> 6.5, o 7.3 -> 6.0;
+# DeepSeek-V3 q_b 13.6 -> 12.1), slower on larger ones (Qwen3-8B gate_up 26.0 TMA vs 27.7; DeepSeek-V3 o, MLP gate_up
+# and down 31.6 / 58.4 / 34.8 split vs 33.2 / 79.5 / 36.9), which keep the kernels above. One row tile per warp, K
+# split over up to 16 warps of a program, ~16 warps per SM.
+_GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=16, programs_per_sm=16)
+_MMA_MAX_WEIGHTS = 1 << 26
 
 
 def pick_gemv(
@@ -160,7 +168,7 @@ def pick_gemv(
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if m == 1 and w is not None and mma_ok(w, _GEMV_MMA):
+    if m == 1 and w is not None and w.n * w.k <= _MMA_MAX_WEIGHTS and mma_ok(w, _GEMV_MMA):
         return _GEMV_MMA
     if m == 1 and w is not None and w.k <= 4096 and w.n >= 4 * _GEMV_TALL.block_n * sm_count(device):
         if tma_ok(w, _GEMV_TALL):
@@ -173,9 +181,10 @@ TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32
 
 def mma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
     """Whether gemv_mma.py's kernel reads `w` (with bf16 activations on an sm_80+ GPU, M = 1): int4 with groups of
-    at least 32 (a lane's 32 values share a scale), K a multiple of its 128-wide steps, N of block_n, contiguous
-    words on 16 bytes (the activations' alignment is gemv.gemv's to check)."""
-    return (w.fmt.code == INT4 and w.experts is None and w.group >= 32 and w.k % TILE_K == 0
+    at least 32 (a lane's 32 values share a scale), K a multiple of its steps (mma_tiles of 128), N of
+    block_n, contiguous words on 16 bytes (the activations' alignment is gemv.gemv's to check)."""
+    step = TILE_K * cfg.mma_tiles
+    return (w.fmt.code == INT4 and w.experts is None and w.group >= 32 and w.k % step == 0
             and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
             and w.values.data_ptr() % 16 == 0)  # fmt: skip
 

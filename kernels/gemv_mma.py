@@ -81,17 +81,23 @@ def _tile_asm() -> str:
 
 _TILE = tl.constexpr(_tile_asm())
 # Loads are predicated off only past a warp's last tile (the prefetch one step ahead), whose zeros are never read.
-_LOAD_W = tl.constexpr("""{
+# The weights' loads may carry an L2 prefetch size hint (GemvConfig.l2_prefetch): a quad of lanes asks for 64 bytes
+# of a row per K tile, and the rest of the row's line follows in the next tile.
+def _load_w_asm(hint: str) -> str:
+    return f"""{{
 .reg .pred p;
 setp.ne.b32 p, $14, 0;
 mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
 mov.b32 $4, 0; mov.b32 $5, 0; mov.b32 $6, 0; mov.b32 $7, 0;
 mov.b16 $8, 0; mov.b16 $9, 0;
-@p ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$10];
-@p ld.global.nc.L1::no_allocate.v4.u32 {$4, $5, $6, $7}, [$11];
+@p ld.global.nc.L1::no_allocate{hint}.v4.u32 {{$0, $1, $2, $3}}, [$10];
+@p ld.global.nc.L1::no_allocate{hint}.v4.u32 {{$4, $5, $6, $7}}, [$11];
 @p ld.global.nc.b16 $8, [$12];
 @p ld.global.nc.b16 $9, [$13];
-}""")
+}}"""
+
+
+_HINTS = {size: _load_w_asm(f".L2::{size}B" if size else "") for size in (0, 64, 128, 256)}
 _LOAD_X = tl.constexpr(
     "{\n.reg .pred p;\nsetp.ne.b32 p, $17, 0;\n"
     + "".join(f"mov.b32 ${i}, 0;\n" for i in range(16))
@@ -102,14 +108,14 @@ _LOAD_X = tl.constexpr(
 
 
 @triton.jit
-def _load_w_rows(w_row, s_row, k0, ok, stride_wn, stride_sn, GROUP: tl.constexpr):
+def _load_w_rows(w_row, s_row, k0, ok, stride_wn, stride_sn, GROUP: tl.constexpr, HINT: tl.constexpr):
     """_load_w for rows g and g + 8 (the scale row of g + 8 is 8 scale rows on)."""
     t = tl.arange(0, w_row.shape[0]) % 4
     kt = k0 + 32 * t
     wa = w_row + kt // 2
     sa = s_row + (kt // GROUP) * 2
     return tl.inline_asm_elementwise(
-        _LOAD_W, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l,r",
+        HINT, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l,r",
         [wa, wa + 8 * 4 * stride_wn, sa, sa + 8 * 2 * stride_sn, ok],
         dtype=(tl.int32,) * 8 + (tl.bfloat16,) * 2, is_pure=True, pack=1)  # fmt: skip
 
@@ -120,6 +126,26 @@ def _load_x(x_addr, k0, ok):
     t = tl.arange(0, x_addr.shape[0]) % 4
     return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l,r", [x_addr + (k0 + 32 * t) * 2, ok],
                                      dtype=(tl.int32,) * 16, is_pure=True, pack=1)  # fmt: skip
+
+
+@triton.jit
+def _load_weights(w_rows, s_rows, k, ok, stride_wn, stride_sn, GROUP: tl.constexpr, U: tl.constexpr,
+                  MT: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+    """_load_w_rows of the U tiles from K = k for each of the MT row tiles, tile-major."""
+    out = ()
+    for u in tl.static_range(U):
+        for m in tl.static_range(MT):
+            out = out + (_load_w_rows(w_rows[m], s_rows[m], k + u * _TILE_K, ok, stride_wn, stride_sn, GROUP, HINT),)
+    return out
+
+
+@triton.jit
+def _load_xs(x_addr, k, ok, U: tl.constexpr):
+    """_load_x of the U tiles from K = k."""
+    out = ()
+    for u in tl.static_range(U):
+        out = out + (_load_x(x_addr, k + u * _TILE_K, ok),)
+    return out
 
 
 @triton.jit
@@ -136,8 +162,9 @@ def _tile(w, x, acc):
 @triton.jit(do_not_specialize=["N_A", "lst1", "lst2", "lr", "lslices"])
 def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, tiles_per_warp, stride_wn, stride_sn,
                      N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
-                     stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr,
-                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr):  # fmt: skip
+                     stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, HINT: tl.constexpr,
+                     NW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
+                     STAMPS: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -161,28 +188,30 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, tiles_per_warp, stride_
             s_rows = s_rows + (s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2,)
         x_addr = x_ptr.to(tl.int64, bitcast=True) + 0 * lane.to(tl.int64)
         ok = tl.full((32 * NW,), 1, tl.int32)
-        nxt = ()
-        for m in tl.static_range(MT):  # frozen weights: loaded before the PDL wait
-            nxt = nxt + (_load_w_rows(w_rows[m], s_rows[m], k_lo, ok, stride_wn, stride_sn, GROUP),)
+        # frozen weights: loaded before the PDL wait
+        nxt = _load_weights(w_rows, s_rows, k_lo, ok, stride_wn, stride_sn, GROUP, U, MT, HINT)
         wait_for_producers(PDL)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
-        x_nxt = _load_x(x_addr, k_lo, ok)
+        x_nxt = _load_xs(x_addr, k_lo, ok, U)
         zero = tl.zeros((32 * NW,), dtype=tl.float32)
         acc = ()
         for _m in tl.static_range(MT):
             acc = acc + ((zero, zero, zero, zero),)
-        for i in range(tiles_per_warp):
-            k0 = k_lo + i * _TILE_K
+        # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
+        # 128 contiguous bytes (two 64-byte halves of a line) in one step.
+        for i in range(0, tiles_per_warp, U):
+            k1 = k_lo + (i + U) * _TILE_K
             cur = nxt
             xv = x_nxt
-            ok = (k0 + _TILE_K < k_hi).to(tl.int32)
-            nxt = ()
-            for m in tl.static_range(MT):
-                nxt = nxt + (_load_w_rows(w_rows[m], s_rows[m], k0 + _TILE_K, ok, stride_wn, stride_sn, GROUP),)
-            x_nxt = _load_x(x_addr, k0 + _TILE_K, ok)
+            ok = (k1 < k_hi).to(tl.int32)
+            nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, HINT)
+            x_nxt = _load_xs(x_addr, k1, ok, U)
             new = ()
             for m in tl.static_range(MT):
-                new = new + (_tile(cur[m], xv, acc[m]),)
+                a = acc[m]
+                for u in tl.static_range(U):
+                    a = _tile(cur[u * MT + m], xv[u], a)
+                new = new + (a,)
             acc = new
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         # Lane (g, t) holds y[g] in acc[m][0] and y[g + 8] in acc[m][2] of its warp's K range (every t alike):
@@ -204,10 +233,11 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, tiles_per_warp, stride_
 
 
 def warps_for(cfg: GemvConfig, n: int, k: int, sms: int) -> int:
-    """Warps per program, each taking an equal run of K tiles: the fewest powers of two that give about
-    cfg.programs_per_sm warps per SM over the N // block_n programs, at most cfg.num_warps, dividing the K tiles."""
+    """Warps per program, each taking an equal run of K tiles (cfg.mma_tiles at a time): the fewest powers
+    of two that give about cfg.programs_per_sm warps per SM over the N // block_n programs, at most cfg.num_warps,
+    dividing the K tiles."""
     want = -(-cfg.programs_per_sm * sms // (n // cfg.block_n))
-    tiles = k // TILE_K
+    tiles = k // TILE_K // cfg.mma_tiles
     nw = 1
     while nw < want and nw * 2 <= cfg.num_warps and tiles % (nw * 2) == 0:
         nw *= 2
@@ -232,6 +262,7 @@ def gemv_mma(
     pdl = use_pdl(x.device)
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
         x, w.values, w.scale, out, n, k, k // TILE_K // nw, w.values.stride(0), w.scale.stride(0), *launch.tail,
-        GROUP=w.group, MT=cfg.block_n // 16, NW=nw, PDL=pdl, launch_pdl=pdl, num_warps=nw, **launch.constexprs,
+        GROUP=w.group, MT=cfg.block_n // 16, U=cfg.mma_tiles, HINT=_HINTS[cfg.l2_prefetch], NW=nw, PDL=pdl,
+        launch_pdl=pdl, num_warps=nw, **launch.constexprs,
     )  # fmt: skip
     return out

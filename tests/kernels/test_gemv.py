@@ -251,7 +251,7 @@ def test_gpu_timeline_stamps_every_program_in_order_and_change_no_result():
     packed, _ = random_weight("int4", (4096, 4096), seed=9, device="cuda")
     w = resolve("int4", packed, stacked=False)
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    cfg = configs.pick_gemv(1, x.device, x.dtype, True, w)
+    cfg = configs.GEMV_ONE_ROW  # the split kernel's M = 1 tiles (the dispatched mma kernel splits K within programs)
     tickets = lambda n: gemm._tickets(x.device, n)  # noqa: E731
     plain = gemv.gemv(x, w, torch.empty((1, w.n), device="cuda", dtype=x.dtype), cfg, tickets, True)
     stamps = torch.zeros((1 << 14, SLOTS), dtype=torch.int64, device="cuda")

@@ -6,6 +6,8 @@ test_gemv.py's 2^-8 (sum |x||w| + |ref|): each weight rounds once to bf16 by the
 in the mma, the fp32 sum adds K 2^-24 and the output rounds once. With adapters, test_gemv_lora.py's 2^-7.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from orbit_lightning.kernels import configs, gemm, gemv
@@ -27,16 +29,21 @@ def test_warps_split_k_evenly_and_fill_the_sms():
     assert warps_for(cfg, 4096, 7168, 132) == 8  # 56 tiles
     assert warps_for(cfg, 1 << 20, 4096, 132) == 1  # enough programs already
     assert warps_for(cfg, 32, 128, 132) == 1  # one K tile
+    assert warps_for(replace(cfg, mma_tiles=4), 4096, 1536, 132) == 1  # 3 steps of 4 tiles
     with pytest.raises(ValueError, match="block_n 16 or 32"):
         GemvConfig(16, 64, 128, mma=True)
+    with pytest.raises(ValueError, match="mma_tiles"):
+        GemvConfig(16, 16, 128, mma=True, mma_tiles=3)
 
 
 def test_the_mma_kernel_serves_only_what_it_reads():
     cfg = configs._GEMV_MMA
     for fmt, shape, ok in [("int4", (64, 256), True), ("int4-g128", (64, 384), True), ("int4", (64, 160), False),
-                           ("int4", (48, 256), False), ("fp8", (64, 256), False)]:  # fmt: skip
+                           ("int4", (40, 256), False), ("fp8", (64, 256), False)]:  # fmt: skip
         packed, _ = random_weight(fmt, shape, seed=0)
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
+    packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
+    assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
 
 
 def _gpu(test):
@@ -47,13 +54,16 @@ def _tickets(n: int) -> torch.Tensor:
     return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
 
 
+_MMA = configs._GEMV_MMA
 CASES = {  # name: (format, N, K, config)
-    "qkv-8warps": ("int4", 6144, 4096, configs._GEMV_MMA),
-    "down-longK": ("int4", 4096, 12288, configs._GEMV_MMA),
-    "g128-56tiles": ("int4-g128", 512, 7168, configs._GEMV_MMA),
-    "one-rowtile": ("int4", 272, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4)),
+    "qkv-shipped": ("int4", 6144, 4096, _MMA),
+    "down-longK": ("int4", 4096, 12288, _MMA),
+    "g128-56tiles": ("int4-g128", 512, 7168, _MMA),
+    "two-rowtiles": ("int4", 272 + 16, 1536, GemvConfig(16, 32, 128, mma=True, num_warps=4)),
     "one-warp": ("int4", 64, 256, GemvConfig(16, 32, 128, mma=True, num_warps=1)),
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
+    "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
+    "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
 }
 
 
@@ -108,3 +118,18 @@ def test_gpu_misaligned_activations_take_the_split_kernel():
     y = kernels.int4_linear(x, packed)
     ref = x.double() @ w.T
     assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
+
+
+@_gpu
+def test_gpu_timeline_stamps_change_no_result():
+    from orbit_lightning.kernels.timeline import CYCLES, ENTRY_NS, EXIT_NS, SLOTS
+
+    packed, _ = random_weight("int4", (1024, 4096), seed=9, device="cuda")
+    w = resolve("int4", packed, stacked=False)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    plain = gemv.gemv(x, w, torch.empty((1, 1024), device="cuda", dtype=x.dtype), _MMA, _tickets, True)
+    stamps = torch.zeros((4096, SLOTS), dtype=torch.int64, device="cuda")
+    assert torch.equal(gemv.gemv(x, w, torch.empty_like(plain), _MMA, _tickets, True, stamps=stamps), plain)
+    rows = stamps[stamps[:, ENTRY_NS] > 0]
+    assert rows.shape[0] == 1024 // _MMA.block_n and (rows[:, EXIT_NS] >= rows[:, ENTRY_NS]).all()
+    assert (rows[:, CYCLES + 2] >= rows[:, CYCLES + 1]).all()  # the loop ends after the PDL wait
