@@ -146,13 +146,15 @@ _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small
 _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 
 # M = 1, int4 (groups >= 32) on bf16: the per-thread mma kernel (gemv_mma.py), about half the instructions per weight
-# of the tile kernels above. bench/gemv_sweep.py --sections mma (H200, 2026-11-30): faster on matrices up to ~32 MB
-# packed (Qwen3-8B qkv 10.4 -> 9.6 us, o 9.3 -> 8.2, down 16.3 -> 16.0; Qwen3-30B-A3B qkv 7.6 -> 6.5, o 7.3 -> 6.0;
-# DeepSeek-V3 q_b 13.6 -> 12.1), slower on larger ones (Qwen3-8B gate_up 26.0 TMA vs 27.7; DeepSeek-V3 o, MLP gate_up
-# and down 31.6 / 58.4 / 34.8 split vs 33.2 / 79.5 / 36.9), which keep the kernels above. One row tile per warp, K
-# split over up to 16 warps of a program, ~16 warps per SM.
-_GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=16, programs_per_sm=16)
-_MMA_MAX_WEIGHTS = 1 << 26
+# of the tile kernels above. bench/gemv_sweep.py --sections mma (H200, 2026-11-30, bench/RESULTS.md): one row tile
+# per warp, two adjacent K tiles per step (a row's whole 128-byte line per quad of lanes) with the L2 told to fetch
+# 128 bytes, K split over up to 8 warps of a program, ~24 warps per SM, beats the split and TMA configs on every
+# shape measured (Qwen3-8B qkv / o / gate_up / down 9.3 / 7.4 / 23.4 / 14.3 us against 10.4 / 9.2 / 26.1 TMA / 16.5).
+# From K = 16384 (DeepSeek-V3's o and MLP down) two row tiles per warp do better still (27.1 and 30.0 us against
+# 30.5 and 34.3). K not a multiple of 256 takes one tile per step.
+_GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
+_GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
+_GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
 
 
 def pick_gemv(
@@ -168,8 +170,11 @@ def pick_gemv(
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if m == 1 and w is not None and w.n * w.k <= _MMA_MAX_WEIGHTS and mma_ok(w, _GEMV_MMA):
-        return _GEMV_MMA
+    if m == 1 and w is not None:
+        mma = _GEMV_MMA_LONG_K if w.k >= 16384 else _GEMV_MMA
+        for cfg in (mma, _GEMV_MMA_ONE_TILE):
+            if mma_ok(w, cfg):
+                return cfg
     if m == 1 and w is not None and w.k <= 4096 and w.n >= 4 * _GEMV_TALL.block_n * sm_count(device):
         if tma_ok(w, _GEMV_TALL):
             return _GEMV_TALL
