@@ -144,7 +144,7 @@ def test_gpu_fused_qkv_and_gate_up_with_lora_match_per_layer_calls(tmp_path, mon
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_tall_fused_group_takes_the_tma_gemv(monkeypatch):
+def test_gpu_tall_fused_group_takes_one_mma_gemv(monkeypatch):
     from orbit_lightning.kernels import configs, gemm
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -159,7 +159,7 @@ def test_gpu_tall_fused_group_takes_the_tma_gemv(monkeypatch):
         real = gemm.pick_gemv
         monkeypatch.setattr(gemm, "pick_gemv", lambda *a: picked.append(real(*a)) or picked[-1])
         got = project(x, layers)
-    assert picked == [configs._GEMV_TALL]  # 24576 rows at M = 1 on an H200-sized GPU
+    assert picked == [configs._GEMV_MMA]  # one launch for the 24576 stacked rows at M = 1 (kernels/gemv_mma.py)
     _close_to_separate(got, want)
 
 
