@@ -131,21 +131,26 @@ def section_tma(deadline: float) -> None:
 
 
 def mma_variants() -> dict[str, GemvConfig]:
-    """The per-thread mma kernel (gemv_mma.py, M = 1): warps per program x warps per SM x K tiles per step x the L2
-    prefetch hint, one row tile per warp (two row tiles lost almost everywhere, bench/RESULTS.md)."""
-    out = {f"mma16w{nw}/p{pps}/t{tiles}/l2{pf}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
-                                                            mma_tiles=tiles, l2_prefetch=pf)
-           for nw in (8, 16) for pps in (16, 24) for tiles in (1, 2, 4) for pf in (0, 128, 256)}  # fmt: skip
-    out.update({f"mma32w8/p16/t{t}": GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=t)
-                for t in (1, 2)})  # fmt: skip
+    """The per-thread mma kernel (gemv_mma.py) at M = 1: the shipped config and its neighbours (warps per program,
+    warps per SM, K tiles per step, the L2 prefetch hint; two row tiles per warp)."""
+    out = {f"mma16w{nw}/p{pps}/t{t}/l2{pf}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
+                                                       mma_tiles=t, l2_prefetch=pf)
+           for nw, pps, t, pf in ((8, 24, 2, 128), (8, 16, 2, 128), (8, 24, 2, 0), (16, 16, 2, 128),
+                                  (8, 24, 1, 128), (8, 24, 4, 128), (8, 32, 2, 128))}  # fmt: skip
+    out["mma32w8/p16/t2"] = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
     return out
 
 
 def section_mma(deadline: float) -> None:
-    """The mma kernel's variants against the shipped M = 1 split and TMA configs, M = 1."""
+    """The mma kernel's variants against the shipped tile configs: M = 1 (and TMA), 4, 8 and 16."""
     shipped = {"split/shipped": configs.GEMV_ONE_ROW, "tma/shipped": configs._GEMV_TALL}
-    section_gemv(deadline, {1: {**mma_variants(), **shipped}, 16: {}}, models=("Qwen3-8B", "Qwen3-30B-A3B",
-                                                                                "DeepSeek-V3"))  # fmt: skip
+    rows = {f"mma16w{nw}/p{pps}/t{t}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
+                                                  mma_tiles=t, l2_prefetch=128)
+            for nw, pps, t in ((8, 24, 2), (8, 16, 1), (16, 16, 2), (4, 24, 2), (8, 12, 1))}  # fmt: skip
+    rows["mma32w8/p16/t2"] = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
+    split = {m: {"split/shipped": next(c for b, c in configs.GEMV_TILES if m <= b)} for m in (4, 8, 16)}
+    variants = {1: {**mma_variants(), **shipped}, **{m: {**rows, **split[m]} for m in (4, 8, 16)}}
+    section_gemv(deadline, variants, models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
 
 
 def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]] | None = None,
@@ -156,6 +161,7 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
     if variants_by_m is None:
         dots = dot_variants()
         variants_by_m = {1: {**dots, **fma_variants(1)}, 16: dots}
+    ms = sorted(m for m, v in variants_by_m.items() if v)
     tiny = resolve("int4", fmt.random_packed((128, 512), device="cuda"), stacked=False)
     xt = torch.randn(1, 512, device="cuda").bfloat16()
     one = torch.zeros(1, device="cuda")
@@ -170,7 +176,7 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
             say("(budget: gemv sweep cut short)")
             break
         packed, w, wdq, wbf = layer_case(fmt, n, k)
-        for m in (m for m in (1, 16) if variants_by_m.get(m)):
+        for m in ms:
             x = torch.randn(m, k, device="cuda").bfloat16()
             ref, bound = reference(x, wdq)
             old_cfg = configs._FAST["fwd"][0][1]
@@ -194,8 +200,8 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
         del wdq, wbf
         torch.cuda.empty_cache()
         done = [r for r in rows if r[0] == name]
-        best = {m: min((r for r in done if r[1] == m), key=lambda r: r[3], default=None) for m in (1, 16)}
-        for m in (1, 16):
+        best = {m: min((r for r in done if r[1] == m), key=lambda r: r[3], default=None) for m in ms}
+        for m in ms:
             if (name, m) in base and best[m]:
                 b16, old, byts = base[(name, m)]
                 vname, t = best[m][2], best[m][3]
@@ -204,7 +210,7 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
     if _LOG:
         _LOG.write("\nall timings (shape, M, variant, us):\n")
         _LOG.write("".join(f"{r[0]} {r[1]} {r[2]} {r[3]:.2f}\n" for r in rows))
-    for m in (1, 16):
+    for m in ms:
         say(f"\n-- M={m}: variants by geomean speedup over bf16 (min over shapes), top 12 --")
         by_v: dict[str, list[float]] = {}
         for name, mm, vname, t in rows:
@@ -215,7 +221,7 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
         for g, mn, vname in ranked[:12]:
             say(f"   {vname:16} geomean {g:5.2f}x  min {mn:5.2f}x")
     say("\n-- best variant per shape (oracle) --")
-    for m in (1, 16):
+    for m in ms:
         ratios = []
         for (name, mm), (b16, _, _) in base.items():
             cand = [r[3] for r in rows if r[0] == name and r[1] == m]

@@ -135,7 +135,8 @@ _GEMV: tuple[tuple[int, GemvConfig], ...] = (
     (16, GemvConfig(16, 32, 128, programs_per_sm=8, prefetch=False)),
 )
 GEMV_MAX_M = _GEMV[-1][0]
-GEMV_ONE_ROW = _GEMV[0][1]
+GEMV_TILES = _GEMV  # the tile kernels' configs by M bound (where the mma kernel cannot serve)
+GEMV_ONE_ROW = GEMV_TILES[0][1]
 _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small tiles, same code
 
 

@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .configs import GEMV_ONE_ROW, GemvConfig, gemv_splits, mma_ok, tma_ok
+from .configs import GEMV_TILES, GemvConfig, gemv_splits, mma_ok, tma_ok
 from .dequant import (
     _expand_groups,
     _int4_words_to_bf16,
@@ -369,9 +369,10 @@ def gemv(
     added in the same launch (gemv_lora.py; `gemv_lora.fits` must hold); stamps: int64 [programs, timeline.SLOTS]
     that receives a per-program timeline (kernels/timeline.py; GPU only)."""
     if cfg.mma:
-        if mma_ok(w, cfg) and x.shape[0] == 1 and fast_int4 and x.data_ptr() % 16 == 0:
+        rows_aligned = x.data_ptr() % 16 == 0 and (x.shape[0] == 1 or x.stride(0) % 8 == 0)
+        if mma_ok(w, cfg) and x.shape[0] <= 16 and fast_int4 and rows_aligned:
             return gemv_mma(x, w, out, cfg, tickets, lora, stamps)
-        cfg = GEMV_ONE_ROW  # e.g. activations off a 16-byte boundary: this kernel's M = 1 tiles
+        cfg = next(c for bound, c in GEMV_TILES if x.shape[0] <= bound)  # e.g. rows off 16-byte boundaries
     m, k = x.shape
     n = w.n
     n_tiles = triton.cdiv(n, cfg.block_n)

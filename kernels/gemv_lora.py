@@ -79,16 +79,18 @@ def _starts(b: list[Tensor]) -> list[int]:
     return starts
 
 
-def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: torch.device) -> LoraArgs:
+def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: torch.device,
+              slice_one_row: int = SLICE_ONE_ROW) -> LoraArgs:
     """Kernel arguments for `delta` (checked by `fits`) for M = m rows under a GEMV config of block_m rows;
-    counters: N_COUNTERS zeroed int32 (re-armed by the kernel)."""
+    counters: N_COUNTERS zeroed int32 (re-armed by the kernel); slice_one_row: K per rank program at M = 1 (the
+    kernel's SLICE1)."""
     a = [t.contiguous() for t in delta.a]
     b = [t.contiguous() for t in delta.b]
     g, (r, k) = len(a), a[0].shape
     pad = MAX_SEGMENTS - g
     starts = _starts(b)[1:g] + [1 << 30] * pad  # adapters 1 and 2's first rows; absent ones start past any row
     br = max(16, triton.next_power_of_2(r))
-    slices = triton.cdiv(k, SLICE_ONE_ROW if m == 1 else SLICE)
+    slices = triton.cdiv(k, slice_one_row if m == 1 else SLICE)
     partials = torch.empty((g, slices, block_m, br), dtype=torch.float32, device=device)
     t = torch.empty((g, block_m, br), dtype=a[0].dtype, device=device)
     args = (*a, *a[:1] * pad, *b, *b[:1] * pad, *map(float, delta.scale), *[0.0] * pad, *starts, r, slices,
@@ -115,8 +117,10 @@ def _sum_partials(base, slices, M, BM: tl.constexpr, BR: tl.constexpr, ONE_ROW: 
 
 @triton.jit
 def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_ptr, t_ptr, cnt_ptr,
-                      BM: tl.constexpr, BR: tl.constexpr, ONE_ROW: tl.constexpr):  # fmt: skip
-    """Rank program `pid`: adapter g = pid // slices, K slice s = pid % slices (see the module docstring)."""
+                      BM: tl.constexpr, BR: tl.constexpr, ONE_ROW: tl.constexpr,
+                      SLICE1: tl.constexpr = _SLICE1):  # fmt: skip
+    """Rank program `pid`: adapter g = pid // slices, K slice s = pid % slices (see the module docstring); SLICE1:
+    K per slice at M = 1 (wider for programs of several warps, so that fewer of them take SM slots)."""
     seg = pid // slices
     s = pid % slices
     a_ptr = _pick(seg, a0, a1, a2)
@@ -124,7 +128,7 @@ def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_p
     ranks = tl.arange(0, BR)
     tile = rows[:, None] * BR + ranks[None, :]
     if ONE_ROW:  # M = 1: products on the FMA units, every load of the slice issued at once (one DRAM round trip)
-        ks = s * _SLICE1 + tl.arange(0, _SLICE1)
+        ks = s * SLICE1 + tl.arange(0, SLICE1)
         a = tl.load(a_ptr + ranks[:, None] * K + ks[None, :], mask=(ranks[:, None] < R) & (ks[None, :] < K),
                     other=0.0)  # fmt: skip
         x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(a.dtype)

@@ -53,33 +53,38 @@ def _decode(word: str, out: str) -> str:
     return "\n".join(text)
 
 
-def _tile_asm() -> str:
-    """One row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x[32 values] by 8 mmas.
-    Operands: $0-$3 d (f32); $4-$7 row g's words, $8-$11 row g + 8's; $12, $13 their bf16 scales; $14-$29 x as
-    16 bf16x2 (natural order); $30-$33 c."""
+def _tile_asm(nt: int) -> str:
+    """One row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
+    activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their 2 bf16 scales; per n8
+    tile, x as 16 bf16x2 in natural K order; c (4 nt f32)."""
+    words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + 10
+    cs = xs + 16 * nt
     lines = ["{", ".reg .b32 w, one, off, nz, slo, shi, a<4>, b<4>, x<4>;",
              "mov.b32 one, 0x3F803F80;", "mov.b32 off, 0xC308C308;", "mov.b32 nz, 0x80008000;",
-             "mov.b32 slo, {$12, $12};", "mov.b32 shi, {$13, $13};"]  # fmt: skip
-    lines += [f"mov.f32 ${i}, ${30 + i};" for i in range(4)]
-    mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}"
+             f"mov.b32 slo, {{${scales}, ${scales}}};", f"mov.b32 shi, {{${scales + 1}, ${scales + 1}}};"]  # fmt: skip
+    lines += [f"mov.f32 ${i}, ${cs + i};" for i in range(4 * nt)]
     for w in range(4):
-        lines.append(_decode(f"${4 + w}", "a").replace("{s2}", "slo"))
-        lines.append(_decode(f"${8 + w}", "b").replace("{s2}", "shi"))
-        r0, r1, r2, r3 = (f"${14 + 4 * w + i}" for i in range(4))  # x[8w .. 8w+7] as pairs (0,1) (2,3) (4,5) (6,7)
-        lines += [
-            f"prmt.b32 x0, {r0}, {r2}, 0x5410;",
-            f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
-            f"prmt.b32 x2, {r1}, {r3}, 0x5410;",
-            f"prmt.b32 x3, {r1}, {r3}, 0x7632;",
-        ]  # (x_j, x_j+4)
-        # a0/a2: row g at k (2t, 2t+1) / (2t+8, 2t+9), a1/a3 the same for row g + 8; b0/b1 x at those k.
-        lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{x0, x1}}, {{$0, $1, $2, $3}};")
-        lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{x2, x3}}, {{$0, $1, $2, $3}};")
+        lines.append(_decode(f"${words + w}", "a").replace("{s2}", "slo"))
+        lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", "shi"))
+        for j in range(nt):
+            d = f"{{${4 * j}, ${4 * j + 1}, ${4 * j + 2}, ${4 * j + 3}}}"
+            mma = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}"
+            r0, r1, r2, r3 = (f"${xs + 16 * j + 4 * w + i}" for i in range(4))  # x[8w .. 8w+7] as pairs
+            lines += [
+                f"prmt.b32 x0, {r0}, {r2}, 0x5410;",
+                f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
+                f"prmt.b32 x2, {r1}, {r3}, 0x5410;",
+                f"prmt.b32 x3, {r1}, {r3}, 0x7632;",
+            ]  # (x_j, x_j+4)
+            # a0/a2: row g at k (2t, 2t+1) / (2t+8, 2t+9), a1/a3 the same for row g + 8; b0/b1 x at those k.
+            lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{x0, x1}}, {d};")
+            lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{x2, x3}}, {d};")
     lines.append("}")
     return "\n".join(lines)
 
 
-_TILE = tl.constexpr(_tile_asm())
+_TILE1 = tl.constexpr(_tile_asm(1))
+_TILE2 = tl.constexpr(_tile_asm(2))
 # Loads are predicated off only past a warp's last tile (the prefetch one step ahead), whose zeros are never read.
 # The weights' loads may carry an L2 prefetch size hint (GemvConfig.l2_prefetch): a quad of lanes asks for 64 bytes
 # of a row per K tile, and the rest of the row's line follows in the next tile.
@@ -121,10 +126,11 @@ def _load_w_rows(w_row, s_row, k0, ok, stride_wn, stride_sn, GROUP: tl.constexpr
 
 
 @triton.jit
-def _load_x(x_addr, k0, ok):
-    """x[k0 + 32t .. k0 + 32t + 31] for lane t as 16 bf16x2 registers (zeros unless ok)."""
-    t = tl.arange(0, x_addr.shape[0]) % 4
-    return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l,r", [x_addr + (k0 + 32 * t) * 2, ok],
+def _load_x(x_row, k0, ok):
+    """x[row, k0 + 32t .. k0 + 32t + 31] for lane t as 16 bf16x2 registers (zeros unless ok); x_row: byte address of
+    the lane's activation row."""
+    t = tl.arange(0, x_row.shape[0]) % 4
+    return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l,r", [x_row + (k0 + 32 * t) * 2, ok],
                                      dtype=(tl.int32,) * 16, is_pure=True, pack=1)  # fmt: skip
 
 
@@ -140,45 +146,85 @@ def _load_weights(w_rows, s_rows, k, ok, stride_wn, stride_sn, GROUP: tl.constex
 
 
 @triton.jit
-def _load_xs(x_addr, k, ok, U: tl.constexpr):
-    """_load_x of the U tiles from K = k."""
+def _load_xs(x_rows, x_ok, k, ok, U: tl.constexpr, NT: tl.constexpr):
+    """_load_x of the U tiles from K = k for each of the NT activation row tiles (rows of x_ok only), tile-major."""
     out = ()
     for u in tl.static_range(U):
-        out = out + (_load_x(x_addr, k + u * _TILE_K, ok),)
+        for j in tl.static_range(NT):
+            out = out + (_load_x(x_rows[j], k + u * _TILE_K, ok & x_ok[j]),)
     return out
 
 
 @triton.jit
-def _tile(w, x, acc):
-    """acc (4 f32 registers) + one row tile x one K tile (see _tile_asm); w: _load_w_rows' 10 registers, x:
-    _load_x's 16."""
-    return tl.inline_asm_elementwise(
-        _TILE, "=f,=f,=f,=f," + "r," * 8 + "h,h," + "r," * 16 + "f,f,f,f",
-        [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7],
-         x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15], acc[0], acc[1], acc[2], acc[3]],
-        dtype=(tl.float32,) * 4, is_pure=True, pack=1)  # fmt: skip
+def _tile(w, x, acc, NT: tl.constexpr):
+    """acc (4 NT f32 registers) + one row tile x one K tile (see _tile_asm); w: _load_w_rows' 10 registers, x: NT
+    of _load_x's 16."""
+    if NT == 1:
+        return tl.inline_asm_elementwise(
+            _TILE1, "=f," * 4 + "r," * 8 + "h,h," + "r," * 16 + "f,f,f,f",
+            [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], x[0][0], x[0][1], x[0][2], x[0][3], x[0][4],
+             x[0][5], x[0][6], x[0][7], x[0][8], x[0][9], x[0][10], x[0][11], x[0][12], x[0][13], x[0][14], x[0][15],
+             acc[0], acc[1], acc[2], acc[3]],
+            dtype=(tl.float32,) * 4, is_pure=True, pack=1)  # fmt: skip
+    else:
+        return tl.inline_asm_elementwise(
+            _TILE2, "=f," * 8 + "r," * 8 + "h,h," + "r," * 32 + "f,f,f,f,f,f,f,f",
+            [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], x[0][0], x[0][1], x[0][2], x[0][3], x[0][4],
+             x[0][5], x[0][6], x[0][7], x[0][8], x[0][9], x[0][10], x[0][11], x[0][12], x[0][13], x[0][14], x[0][15],
+             x[1][0], x[1][1], x[1][2], x[1][3], x[1][4], x[1][5], x[1][6], x[1][7], x[1][8], x[1][9], x[1][10],
+             x[1][11], x[1][12], x[1][13], x[1][14], x[1][15], acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6],
+             acc[7]],
+            dtype=(tl.float32,) * 8, is_pure=True, pack=1)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["N_A", "lst1", "lst2", "lr", "lslices"])
-def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, tiles_per_warp, stride_wn, stride_sn,
-                     N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt,
-                     stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, HINT: tl.constexpr,
-                     NW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
-                     STAMPS: tl.constexpr):  # fmt: skip
+@triton.jit
+def _gather(c0, c1, c2, c3, NW: tl.constexpr):
+    """One row tile x one n8 tile of the result, [16 rows, 8 activation rows], from each warp's accumulators: lane
+    (g, t) holds rows g (c0, c1) and g + 8 (c2, c3) at activation rows 2t (c0, c2) and 2t + 1 (c1, c3). The warps'
+    K ranges are summed in a fixed order."""
+    lo = tl.join(_warp_sum(c0, NW), _warp_sum(c1, NW))  # [8 g, 4 t, 2]
+    hi = tl.join(_warp_sum(c2, NW), _warp_sum(c3, NW))
+    y = tl.join(tl.reshape(lo, (8, 8)), tl.reshape(hi, (8, 8)))  # [8 g, 8 m, 2 half]
+    return tl.reshape(tl.permute(y, (2, 0, 1)), (16, 8))
+
+
+@triton.jit
+def _warp_sum(c, NW: tl.constexpr):
+    """[NW * 32] per-lane values -> their sum over the NW warps as [8 g, 4 t]."""
+    return tl.reshape(tl.sum(tl.reshape(c, (NW, 32)), axis=0), (8, 4))
+
+
+@triton.jit
+def _stack(a, b, AXIS: tl.constexpr):
+    """Concatenate two 2-D tensors of one shape along AXIS."""
+    ab = tl.join(a, b)  # [r, c, 2]
+    if AXIS == 0:
+        return tl.reshape(tl.permute(ab, (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
+    else:
+        return tl.reshape(tl.permute(ab, (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
+
+
+@triton.jit(do_not_specialize=["M", "stride_xm", "N_A", "lst1", "lst2", "lr", "lslices"])
+def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, tiles_per_warp, stride_wn,
+                     stride_sn, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt,
+                     lcnt, stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr,
+                     HINT: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
+                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
     if is_rank:
         wait_for_producers(PDL)
-        lora_rank_program(tl.program_id(0), x_ptr, 1, K, K, la0, la1, la2, lr, lslices, lpart, lt, lcnt, 16, BR,
-                          True)  # fmt: skip
+        lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt, 16,
+                          BR, ONE_ROW, _TILE_K * NW)  # fmt: skip
     else:
         lane = tl.arange(0, 32 * NW)
         warp = lane // 32
         g = (lane % 32) // 4
         k_lo = warp * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
         k_hi = k_lo + tiles_per_warp * _TILE_K
-        # Byte addresses of row g's words and scales in each row tile (rows g + 8 are 8 rows on).
+        # Byte addresses of row g's words and scales in each row tile (rows g + 8 are 8 rows on), and of activation
+        # row g (+ 8 j) of each n8 tile j: the mma's column g.
         rows = pid_n * BN + g
         w_rows = ()
         s_rows = ()
@@ -186,17 +232,25 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, tiles_per_warp, stride_
             r = (rows + 16 * m).to(tl.int64)
             w_rows = w_rows + (w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4,)
             s_rows = s_rows + (s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2,)
-        x_addr = x_ptr.to(tl.int64, bitcast=True) + 0 * lane.to(tl.int64)
+        x_rows = ()
+        x_ok = ()
+        for j in tl.static_range(NT):
+            xr = g + 8 * j
+            x_rows = x_rows + (x_ptr.to(tl.int64, bitcast=True) + xr.to(tl.int64) * stride_xm * 2,)
+            x_ok = x_ok + ((xr < M).to(tl.int32),)
         ok = tl.full((32 * NW,), 1, tl.int32)
         # frozen weights: loaded before the PDL wait
         nxt = _load_weights(w_rows, s_rows, k_lo, ok, stride_wn, stride_sn, GROUP, U, MT, HINT)
         wait_for_producers(PDL)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
-        x_nxt = _load_xs(x_addr, k_lo, ok, U)
+        x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
         zero = tl.zeros((32 * NW,), dtype=tl.float32)
         acc = ()
         for _m in tl.static_range(MT):
-            acc = acc + ((zero, zero, zero, zero),)
+            if NT == 1:
+                acc = acc + ((zero, zero, zero, zero),)
+            else:
+                acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
         # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
         # 128 contiguous bytes (two 64-byte halves of a line) in one step.
         for i in range(0, tiles_per_warp, U):
@@ -205,30 +259,34 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, tiles_per_warp, stride_
             xv = x_nxt
             ok = (k1 < k_hi).to(tl.int32)
             nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, HINT)
-            x_nxt = _load_xs(x_addr, k1, ok, U)
+            x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
             new = ()
             for m in tl.static_range(MT):
                 a = acc[m]
                 for u in tl.static_range(U):
-                    a = _tile(cur[u * MT + m], xv[u], a)
+                    if NT == 1:
+                        a = _tile(cur[u * MT + m], (xv[u],), a, NT)
+                    else:
+                        a = _tile(cur[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
                 new = new + (a,)
             acc = new
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
-        # Lane (g, t) holds y[g] in acc[m][0] and y[g + 8] in acc[m][2] of its warp's K range (every t alike):
-        # sum the warps in a fixed order, then gather the rows.
-        y = ()
+        tiles = ()
         for m in tl.static_range(MT):
-            lo = tl.max(tl.reshape(tl.sum(tl.reshape(acc[m][0], (NW, 32)), axis=0), (8, 4)), axis=1)
-            hi = tl.max(tl.reshape(tl.sum(tl.reshape(acc[m][2], (NW, 32)), axis=0), (8, 4)), axis=1)
-            y = y + (tl.reshape(tl.permute(tl.join(lo, hi), (1, 0)), (16,)),)
+            c = acc[m]
+            y = _gather(c[0], c[1], c[2], c[3], NW)  # [16, 8]: activation rows 0-7
+            if NT == 1:
+                y = _stack(y, tl.zeros((16, 8), dtype=tl.float32), 1)
+            else:
+                y = _stack(y, _gather(c[4], c[5], c[6], c[7], NW), 1)
+            tiles = tiles + (y,)
         if MT == 1:
-            yt = y[0]
+            tile = tiles[0]
         else:
-            yt = tl.reshape(tl.permute(tl.join(y[0], y[1]), (1, 0)), (BN,))
+            tile = _stack(tiles[0], tiles[1], 0)
         offs_m = tl.arange(0, 16)
-        tile = yt[:, None] + tl.zeros((BN, 16), dtype=tl.float32)
-        store_out(tile, out_ptr, out_ptr, lcnt, pid_n, 0, 0, offs_m, offs_m < 1, 1, N, 1, tl.cdiv(N, BN), N,
-                   lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, 16, False, BR, LORA)  # fmt: skip
+        store_out(tile, out_ptr, out_ptr, lcnt, pid_n, 0, 0, offs_m, offs_m < M, M, N, 1, tl.cdiv(N, BN), stride_om,
+                  lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, 16, False, BR, LORA)  # fmt: skip
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
 
 
@@ -244,25 +302,22 @@ def warps_for(cfg: GemvConfig, n: int, k: int, sms: int) -> int:
     return nw
 
 
-def gemv_mma(
-    x: Tensor,
-    w: PackedWeight,
-    out: Tensor,
-    cfg: GemvConfig,
-    tickets,
-    lora: LoraDelta | None = None,
-    stamps: Tensor | None = None,
-) -> Tensor:
-    """out[1, N] = x[1, K] @ W^T (+ the LoRA deltas `lora`) for x bf16 on the GPU and `configs.mma_ok` weights;
-    the arguments are gemv.gemv's."""
-    n, k = w.n, w.k
+def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, lora: LoraDelta | None = None,
+             stamps: Tensor | None = None) -> Tensor:
+    """out[M, N] = x[M, K] @ W^T (+ the LoRA deltas `lora`) for M <= 16, x bf16 on the GPU with rows on 16-byte
+    boundaries and `configs.mma_ok` weights; the arguments are gemv.gemv's."""
+    m, k = x.shape
+    n = w.n
     nw = warps_for(cfg, n, k, sm_count(x.device))
     n_tiles = n // cfg.block_n
-    launch = launch_args(x, n, lora, 16, cfg.block_n, lambda: tickets(N_COUNTERS), n_tiles, stamps)
+    # Two n8 tiles of activation rows (M > 8) take one K tile per step: two would spill (compile test).
+    # Rank programs (LoRA) of NW warps take NW times the one-warp slice: fewer of them hold SM slots.
+    launch = launch_args(x, n, lora, 16, cfg.block_n, lambda: tickets(N_COUNTERS), n_tiles, stamps, TILE_K * nw)
     pdl = use_pdl(x.device)
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
-        x, w.values, w.scale, out, n, k, k // TILE_K // nw, w.values.stride(0), w.scale.stride(0), *launch.tail,
-        GROUP=w.group, MT=cfg.block_n // 16, U=cfg.mma_tiles, HINT=_HINTS[cfg.l2_prefetch], NW=nw, PDL=pdl,
+        x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), k // TILE_K // nw, w.values.stride(0),
+        w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
+        U=cfg.mma_tiles if m <= 8 else 1, HINT=_HINTS[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
         launch_pdl=pdl, num_warps=nw, **launch.constexprs,
     )  # fmt: skip
     return out

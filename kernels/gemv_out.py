@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .gemv_lora import LoraDelta, fits, lora_args, lora_finish_tile, lora_tile_written
+from .gemv_lora import SLICE_ONE_ROW, LoraDelta, fits, lora_args, lora_finish_tile, lora_tile_written
 from .timeline import SLOTS
 
 
@@ -204,16 +204,18 @@ def launch_args(
     counters,
     tile_programs: int,
     stamps: Tensor | None,
+    slice_one_row: int = SLICE_ONE_ROW,
 ) -> Launch:
     """The Launch for x [M, K] @ W^T [N] over `tile_programs` weight programs. counters() returns the zeroed
-    int32 counters the LoRA flags need (called only with lora); stamps: timeline.SLOTS int64 per program."""
+    int32 counters the LoRA flags need (called only with lora); stamps: timeline.SLOTS int64 per program;
+    slice_one_row: K per rank program at M = 1 (gemv_lora.lora_args)."""
     i32, f32 = placeholders(x.device)
     if lora is None:  # typed placeholders: Triton compiles the (never taken) rank branch even without LORA
         rank, tail, consts = 0, (0, *[x] * 6, *[0.0] * 3, 0, 0, 0, 0, f32, x, i32), dict(LORA=False, BR=16)
     else:
         if not fits(lora, x, n, block_m, block_n):
             raise ValueError("decode GEMV: these LoRA adapters do not fit the fused path (gemv_lora.fits)")
-        largs = lora_args(lora, x.shape[0], block_m, counters(), x.device)
+        largs = lora_args(lora, x.shape[0], block_m, counters(), x.device, slice_one_row)
         rank, tail, consts = largs.programs, (largs.programs, *largs.args), dict(LORA=True, BR=largs.block_r)
     if stamps is not None and stamps.numel() < (rank + tile_programs) * SLOTS:
         raise ValueError(f"decode GEMV: stamps needs {SLOTS} int64 per program ({rank + tile_programs} programs)")

@@ -76,13 +76,15 @@ for lora in (False, True):  # the descriptor kernel as configs._GEMV_TALL runs i
 from orbit_lightning.kernels import gemv_mma
 
 names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
-for mt, nw, lora, u in ((1, 8, False, 2), (1, 8, True, 2), (2, 8, False, 2), (1, 4, False, 1)):  # shipped first
-    const = dict(GROUP=32, MT=mt, U=u, HINT=gemv_mma._HINTS[128], NW=nw, PDL=True, LORA=lora, BR=16, STAMPS=False)
+for mt, nt, nw, lora, u in ((1, 1, 8, False, 2), (1, 1, 8, True, 2), (2, 1, 8, False, 2), (1, 1, 4, False, 1),
+                             (1, 2, 8, True, 1)):  # shipped M = 1 first; the last serves 8 < M <= 16
+    const = dict(GROUP=32, MT=mt, NT=nt, U=u, HINT=gemv_mma._HINTS[128], NW=nw, ONE_ROW=nt == 1, PDL=True,
+                 LORA=lora, BR=16, STAMPS=False)
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
            for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    report[f"mma-mt{mt}-u{u}-lora{int(lora)}"] = ptxas_report(src, num_warps=nw)
+    report[f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}"] = ptxas_report(src, num_warps=nw)
 
 import importlib
 
@@ -122,8 +124,8 @@ def _report() -> dict:
 def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     report = _report()
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
-                           "tma-lora1", "mma-mt1-u2-lora0", "mma-mt1-u2-lora1", "mma-mt2-u2-lora0",
-                           "mma-mt1-u1-lora0", "rope-norm0", "rope-norm1"}
+                           "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
+                           "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
 
@@ -134,8 +136,8 @@ def test_mma_gemv_keeps_one_element_per_thread_and_few_registers():
     for them must be one element per thread, 32 threads along a warp. Its registers must leave room for the ~12
     warps per SM its config asks for (and then some): <= 128 per thread."""
     report = _report()
-    for name in ("mma-mt1-u2-lora0", "mma-mt1-u2-lora1", "mma-mt2-u2-lora0", "mma-mt1-u1-lora0"):
-        nw = 4 if "u1" in name else 8
+    for name in [n for n in report if n.startswith("mma")]:
+        nw = 4 if name == "mma-mt1-nt1-u1-lora0" else 8
         one_per_thread = f"<{{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [{nw}], order = [0]}}>"
         assert f"#ttg.blocked{one_per_thread}" in report[name]["layouts"], report[name]["layouts"]
         assert report[name]["registers"] <= 128 and not report[name]["spills"], report[name]

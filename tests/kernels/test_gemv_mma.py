@@ -74,15 +74,15 @@ def test_gpu_mma_gemv_matches_fp64_deterministically(case):
     packed, w = random_weight(fmt, (n, k), seed=2, device="cuda")
     wk = resolve(fmt, packed, stacked=False)
     assert configs.mma_ok(wk, cfg)
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    y = gemv.gemv(x, wk, torch.empty((1, n), dtype=torch.bfloat16, device="cuda"), cfg, _tickets, True)
-    ref = x.double() @ w.T
-    assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
-    again = gemv.gemv(x, wk, torch.empty_like(y), cfg, _tickets, True)
-    assert torch.equal(y, again)
-    # The split kernel multiplies the same bf16 weights; only the fp32 summation order differs.
-    split = gemv.gemv(x, wk, torch.empty_like(y), configs._GEMV[0][1], _tickets, True)
-    assert_within(y, split.double(), matmul_bound(x, w, ref, 2.0**-8))
+    for m in (1, 3, 8, 9, 16):  # one n8 tile of activation rows (a partial one), two (one partial)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        y = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16, device="cuda"), cfg, _tickets, True)
+        ref = x.double() @ w.T
+        assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
+        assert torch.equal(y, gemv.gemv(x, wk, torch.empty_like(y), cfg, _tickets, True))
+        # The tile kernels multiply the same bf16 weights; only the fp32 summation order differs.
+        split = gemv.gemv(x, wk, torch.empty_like(y), next(c for b, c in configs.GEMV_TILES if m <= b), _tickets, True)
+        assert_within(y, split.double(), matmul_bound(x, w, ref, 2.0**-8))
 
 
 @_gpu
@@ -111,13 +111,31 @@ def test_gpu_dispatch_lora_and_graph_replay():
 
 
 @_gpu
-def test_gpu_misaligned_activations_take_the_split_kernel():
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_gpu_lora_in_the_launch_at_several_rows(m):
+    n, k, ns = 3072, 2048, (2048, 512, 512)
+    packed, w = random_weight("int4", (n, k), seed=7, device="cuda")
+    wk = resolve("int4", packed, stacked=False)
+    delta = _adapters(ns, k, 16, torch.bfloat16)
+    delta = LoraDelta([t.cuda() for t in delta.a], [t.cuda() for t in delta.b], delta.scale)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = gemv.gemv(x, wk, torch.empty((m, n), dtype=x.dtype, device="cuda"), _MMA, _tickets, True, lora=delta)
+    ref, mag = _oracle(x.double().cpu(), w.cpu(), LoraDelta([t.cpu() for t in delta.a], [t.cpu() for t in delta.b],
+                                                           delta.scale))  # fmt: skip
+    assert_within(y.cpu(), ref, 2.0**-7 * (mag + ref.abs()))
+    assert torch.equal(gemv.gemv(x, wk, torch.empty_like(y), _MMA, _tickets, True, lora=delta), y)
+
+
+@_gpu
+def test_gpu_misaligned_or_strided_activations():
+    """Rows off a 16-byte boundary take the tile kernels; aligned strided rows the mma kernel: both right."""
     packed, w = random_weight("int4", (256, 1024), seed=3, device="cuda")
-    buf = torch.randn(1, 1024 + 1, device="cuda", dtype=torch.bfloat16)
-    x = buf[:, 1:]  # 2 bytes past a 16-byte boundary: the mma kernel's vector loads cannot take it
-    y = kernels.int4_linear(x, packed)
-    ref = x.double() @ w.T
-    assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
+    wk = resolve("int4", packed, stacked=False)
+    buf = torch.randn(4, 1024 + 8, device="cuda", dtype=torch.bfloat16)
+    for x in (buf[:1, 1:1025], buf[:, 1:1025], buf[:, 8:]):  # 2 bytes off; rows 2 bytes off; 16-byte aligned rows
+        y = gemv.gemv(x, wk, torch.empty((x.shape[0], 256), dtype=x.dtype, device="cuda"), _MMA, _tickets, True)
+        ref = x.double() @ w.T
+        assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
 
 
 @_gpu
