@@ -102,7 +102,7 @@ class GemvConfig:
     two_tiles: bool = False  # dot: two block_k tiles per iteration (longer contiguous reads per row)
     maxnreg: int | None = None  # register cap per thread (more programs per SM), None = compiler's choice
     tma: bool = False  # int4: words and scales by TMA descriptors, num_stages deep (gemv._gemv_tma_kernel)
-    mma: bool = False  # M = 1 int4 on bf16: the per-thread mma kernel (gemv_mma.py), block_n // 16 row tiles per
+    mma: bool = False  # M <= 16 int4 on bf16: the per-thread mma kernel (gemv_mma.py), block_n // 16 row tiles per
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
@@ -146,13 +146,17 @@ _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small
 # 15.1 -> 12.9 us; a tie at K = 7168 and slower on shorter matrices, which keep the split kernel.
 _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 
-# M = 1, int4 (groups >= 32) on bf16: the per-thread mma kernel (gemv_mma.py), about half the instructions per weight
+# M <= 8, int4 (groups >= 32) on bf16: the per-thread mma kernel (gemv_mma.py), about half the instructions per weight
 # of the tile kernels above. bench/gemv_sweep.py --sections mma (H200, 2026-11-30, bench/RESULTS.md): one row tile
 # per warp, two adjacent K tiles per step (a row's whole 128-byte line per quad of lanes) with the L2 told to fetch
 # 128 bytes, K split over up to 8 warps of a program, ~24 warps per SM, beats the split and TMA configs on every
 # shape measured (Qwen3-8B qkv / o / gate_up / down 9.3 / 7.4 / 23.4 / 14.3 us against 10.4 / 9.2 / 26.1 TMA / 16.5).
 # From K = 16384 (DeepSeek-V3's o and MLP down) two row tiles per warp do better still (27.1 and 30.0 us against
 # 30.5 and 34.3). K not a multiple of 256 takes one tile per step.
+# Up to M = 8 (one n8 tile of activation rows) the same configs lead (M = 4 / 8 geomean over bf16 2.06x / 1.86x
+# against the tile kernel's 1.28x / 1.30x); at M = 16 the mma kernel's best (1.37x) barely beats it (1.26x) and loses
+# on some shapes, so M > 8 keeps the tile kernel.
+MMA_MAX_M = 8
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
@@ -171,7 +175,7 @@ def pick_gemv(
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if m == 1 and w is not None:
+    if m <= MMA_MAX_M and w is not None:
         mma = _GEMV_MMA_LONG_K if w.k >= 16384 else _GEMV_MMA
         for cfg in (mma, _GEMV_MMA_ONE_TILE):
             if mma_ok(w, cfg):
@@ -186,7 +190,7 @@ TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32
 
 
 def mma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
-    """Whether gemv_mma.py's kernel reads `w` (with bf16 activations on an sm_80+ GPU, M = 1): int4 with groups of
+    """Whether gemv_mma.py's kernel reads `w` (with bf16 activations on an sm_80+ GPU, M <= 16): int4 with groups of
     at least 32 (a lane's 32 values share a scale), K a multiple of its steps (mma_tiles of 128), N of
     block_n, contiguous words on 16 bytes (the activations' alignment is gemv.gemv's to check)."""
     step = TILE_K * cfg.mma_tiles
