@@ -193,12 +193,40 @@ def run_engine(args, model, batch: int) -> tuple[dict, list]:
     return row, outs
 
 
+def timeline_split(intervals: list[tuple[float, float]], host_gap_us: float = 20.0) -> dict:
+    """GPU activity intervals (start, end), µs -> where the time from the first start to the last end went: `busy`
+    (their union), `short_gaps` (idle stretches under host_gap_us: launch latency between kernels of a graph
+    replay) and `long_gaps` (longer ones, `n_long` of them: the GPU waiting for the host), all in µs."""
+    out = dict(busy=0.0, short_gaps=0.0, long_gaps=0.0, n_long=0)
+    end = None
+    for start, stop in sorted(intervals):
+        if end is not None and start > end:
+            gap = start - end
+            out["short_gaps" if gap < host_gap_us else "long_gaps"] += gap
+            out["n_long"] += gap >= host_gap_us
+        if end is None or start >= end:
+            out["busy"] += stop - start
+        elif stop > end:
+            out["busy"] += stop - end
+        end = stop if end is None else max(end, stop)
+    return out
+
+
 def print_profile(prof, steps: int, wall_s: float, batch: int) -> None:
-    """Per decode step: wall time, summed GPU kernel time, and the kernels that take it."""
+    """Per decode step: wall time, summed GPU kernel time, the kernels that take it, and how the wall time splits
+    into GPU busy time, short gaps (launches inside a replay) and long ones (host work between engine steps)."""
     events = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
     gpu_us = sum(e.device_time_total for e in events) / steps
     print(f"[profile] batch {batch}: {steps} steps, wall {1e3 * wall_s / steps:.3f} ms/step, "
           f"GPU kernels {gpu_us / 1e3:.3f} ms/step", flush=True)
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"]
+    if spans:
+        split = timeline_split(spans)
+        span = max(e for _, e in spans) - min(s for s, _ in spans)
+        per = {k: v / steps for k, v in split.items() if k != "n_long"}
+        print(f"[profile] per step: GPU busy {per['busy']:.1f} us, gaps < 20 us {per['short_gaps']:.1f} us, longer "
+              f"gaps {per['long_gaps']:.1f} us ({split['n_long']} in all), outside the first-to-last kernel span "
+              f"{(1e6 * wall_s - span) / steps:.1f} us", flush=True)
     for e in sorted(events, key=lambda e: -e.device_time_total)[:18]:
         print(f"[profile]   {e.device_time_total / steps:9.1f} us/step {e.count / steps:6.1f}x  {e.key[:90]}",
               flush=True)
