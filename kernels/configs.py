@@ -162,9 +162,8 @@ _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_s
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
 
 
-def pick_gemv(
-    m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool, w: PackedWeight | None = None
-) -> GemvConfig | None:
+def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,
+              w: PackedWeight | None = None) -> GemvConfig | None:  # fmt: skip
     """The small-M kernel's config for M rows of `dtype` activations times weight `w`, or None where the
     tile GEMM serves: larger M, batch-invariant mode (its single fixed tile config must serve every M) and, on
     the GPU, anything but int4 through the packed-bf16 decoder (`packed_int4`; bf16 activations): the kernel

@@ -353,16 +353,8 @@ def _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per
                LORA)  # fmt: skip
 
 
-def gemv(
-    x: Tensor,
-    w: PackedWeight,
-    out: Tensor,
-    cfg: GemvConfig,
-    tickets,
-    fast_int4: bool,
-    lora: LoraDelta | None = None,
-    stamps: Tensor | None = None,
-) -> Tensor:
+def gemv(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, fast_int4: bool,
+         lora: LoraDelta | None = None, stamps: Tensor | None = None) -> Tensor:  # fmt: skip
     """out[M, N] = x[M, K] @ W^T with the small-M kernel. x: [M, K] with unit stride along K; out: [M, N]
     contiguous; tickets(n) returns a zeroed int32 ticket buffer of at least n entries (gemm._tickets);
     fast_int4: decode int4 with the packed-bf16 PTX path (bf16 activations on the GPU only); lora: adapters

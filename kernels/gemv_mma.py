@@ -1,26 +1,27 @@
-"""Batch-1 decode GEMV, y[1, N] = x[1, K] @ W^T for int4 W, on warp-level mma written per thread in PTX (sm_80+).
+"""Decode GEMV, y[M, N] = x[M, K] @ W^T for M <= 16 and int4 W, on warp-level mma written per thread in PTX (sm_80+).
 
-Why a second GEMV: the tile kernel in gemv.py runs ~700 instructions per 4096 weights at M = 1 (sm_90 SASS: its
-decoded tile and the activations each pass through shared memory, words load 4 bytes at a time), which is more
-than an SM can issue while HBM streams the weights; a decode GEMV then took 2-2.7x its bandwidth time
-(bench/gemv_timeline.py, bench/RESULTS.md). Here every step is explicit:
+Why a second GEMV: gemv.py's tile kernel issues ~700 instructions per 4096 weights at M = 1 (sm_90 SASS: its decoded
+tile and the activations pass through shared memory, and words load 4 bytes at a time), and splits K across
+programs, whose partials, ticket and final sum add a 2.5-3.3 us tail to every launch (bench/gemv_timeline.py). Here:
 
-- Every tensor has one element per thread (shape [32 * NUM_WARPS], a 1-D range, which Triton lays out one element
-  per thread in thread order; tests/kernels/test_compile_sm90.py checks the layout), so a tensor is a register
-  and inline PTX moves exactly the data each lane's mma operands need.
-- Warp w of a program covers the program's 16 * MT rows (MT mma row tiles) over K tiles w*T .. w*T+T-1 of 128.
+- Every tensor has one element per thread (shape [32 * NW], a 1-D range, which Triton lays out one element per
+  thread in thread order; tests/kernels/test_compile_sm90.py checks it), so a tensor is a register, and inline PTX
+  moves exactly the data each lane's mma operands need.
+- Warp w of a program covers the program's 16 * MT rows (MT mma row tiles) over its run of K tiles of 128.
   Lane (g, t) = (lane // 4, lane % 4) loads 16 bytes of words of rows g and g + 8 of each row tile (K 32t to
-  32t + 31 of the tile: one scale group, so one scale per row), and x[32t .. 32t + 31].
-- It decodes the words with dequant.py's packed-bf16 decoder (the same instructions, so the same bf16 weights
-  the other kernels multiply) straight into mma A registers: register j of a word holds nibbles j and j + 4, so
-  x is paired the same way, and lane t's operands cover its own 32 values of K. 8 m16n8k16 mmas per row tile.
-- x is given to every mma column, so every column of the result is y; the program's warps then meet in a
-  fixed-order sum (no split of K across programs: no partials in memory, no ticket, no reduction tail).
+  32t + 31 of the tile: one scale group, so one scale per row), and x[row g (+ 8)][32t .. 32t + 31]: activation
+  row g is the mma's column g, so M <= 8 is one n8 tile (the weight work of M = 1) and M <= 16 two.
+- It decodes the words with dequant.py's packed-bf16 instructions (the same bf16 weights the other kernels
+  multiply) straight into mma A registers; register j of a word holds nibbles j and j + 4, so x is paired the same
+  way. 8 m16n8k16 mmas per row tile, n8 tile and K tile.
+- U adjacent K tiles per step (GemvConfig.mma_tiles), the next step's loaded meanwhile, and under PDL the first
+  step's weights load before the wait for the previous kernel. With U = 2 a quad of lanes reads a row's whole
+  128-byte line per step; with one tile, half a line, and the other half a step later, which measured slower.
+- The program's warps meet in a fixed-order sum in shared memory: no K split across programs, no tail.
 
-Weights load one tile ahead, and under PDL the first tile's load precedes the wait for the previous kernel.
-Products are fp32 and the order of the sum is fixed, so results are bitwise reproducible run to run; they equal
-the other kernels' up to the order of the fp32 summation. The epilogue (LoRA in the launch, gemv_lora.py) is
-gemv.py's.
+~350-390 instructions per 4096 weights, none through shared memory. Products are fp32 and the order of the sum is
+fixed, so results are bitwise reproducible run to run; they equal the other kernels' up to the order of the fp32
+summation. The epilogue (LoRA in the same launch, gemv_lora.py) is gemv_out.py's.
 """
 
 from __future__ import annotations

@@ -26,31 +26,8 @@ def flat_program(N, n_splits, N_A, BN: tl.constexpr):
 
 
 @triton.jit
-def _emit(
-    val,
-    out_ptrs,
-    mask,
-    pid_n,
-    offs_n,
-    M,
-    N,
-    n_writers,
-    lb0,
-    lb1,
-    lb2,
-    ls0,
-    ls1,
-    ls2,
-    lst1,
-    lst2,
-    lr,
-    lt,
-    lcnt,
-    BN: tl.constexpr,
-    BM: tl.constexpr,
-    BR: tl.constexpr,
-    LORA: tl.constexpr,
-):
+def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
+          BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
     """Store the finished out^T tile (fp32), with its LoRA delta added when LORA (gemv_lora.py)."""
     y = val.to(out_ptrs.dtype.element_ty)
     if LORA:
@@ -62,38 +39,9 @@ def _emit(
 
 
 @triton.jit
-def store_out(
-    acc,
-    out_ptr,
-    ws_ptr,
-    cnt_ptr,
-    pid_n,
-    pid_m,
-    split,
-    offs_m,
-    m_ok,
-    M,
-    N,
-    n_splits,
-    n_tiles,
-    stride_om,
-    lb0,
-    lb1,
-    lb2,
-    ls0,
-    ls1,
-    ls2,
-    lst1,
-    lst2,
-    lr,
-    lt,
-    lcnt,
-    BN: tl.constexpr,
-    BM: tl.constexpr,
-    SPLIT: tl.constexpr,
-    BR: tl.constexpr,
-    LORA: tl.constexpr,
-):
+def store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, n_tiles, stride_om,
+              lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
+              BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
     """Write the out^T tile acc[BN, BM]: directly, or (SPLIT) as split `split`'s fp32 partial, the last
     program of the output tile summing all partials in split order. n_tiles: output tiles along N."""
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -101,31 +49,8 @@ def store_out(
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     n_writers = n_tiles * tl.cdiv(M, BM)
     if not SPLIT:
-        _emit(
-            acc,
-            out_ptrs,
-            mask,
-            pid_n,
-            offs_n,
-            M,
-            N,
-            n_writers,
-            lb0,
-            lb1,
-            lb2,
-            ls0,
-            ls1,
-            ls2,
-            lst1,
-            lst2,
-            lr,
-            lt,
-            lcnt,
-            BN,
-            BM,
-            BR,
-            LORA,
-        )
+        _emit(acc, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt,
+              lcnt, BN, BM, BR, LORA)  # fmt: skip
     else:
         # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
         # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
@@ -147,31 +72,8 @@ def store_out(
                 total = (((total + p0) + p1) + p2) + p3
                 part_ptrs += 4 * M * N
             tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
-            _emit(
-                total,
-                out_ptrs,
-                mask,
-                pid_n,
-                offs_n,
-                M,
-                N,
-                n_writers,
-                lb0,
-                lb1,
-                lb2,
-                ls0,
-                ls1,
-                ls2,
-                lst1,
-                lst2,
-                lr,
-                lt,
-                lcnt,
-                BN,
-                BM,
-                BR,
-                LORA,
-            )
+            _emit(total, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2,
+                  lr, lt, lcnt, BN, BM, BR, LORA)  # fmt: skip
 
 
 _PLACEHOLDERS: dict[torch.device, tuple[Tensor, Tensor]] = {}
