@@ -30,7 +30,7 @@ from .params import SamplingParams
 from .runner import DecodeInputs, ModelRunner
 from .sampling import RowSampling, make_generator, sample_seed, sampled_logprobs
 from .scheduler import Scheduler
-from .sequence import Request, Sequence, check_stop
+from .sequence import Request, Sequence, append_tokens
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ class RolloutEngine:
             with self._mode():  # the recorded log-probs' logsumexp is part of the invariant path
                 logits = logits[torch.tensor(rows, device=logits.device)]
                 tokens = _row_sampling(seqs).sample(logits)
-                self._record(seqs, tokens.tolist(), sampled_logprobs(logits, tokens).tolist())
+                self._record(seqs, tokens[:, None].tolist(), sampled_logprobs(logits, tokens)[:, None].tolist())
         for slot, seqs in _by_slot(plan.decode, lambda s: s.slot).items():
             with self.slots.use(slot), self._mode():
                 steps = self.runner.decode([s.tokens[-1] for s in seqs], [s.num_cached for s in seqs],
@@ -287,8 +287,8 @@ class RolloutEngine:
             self.decode_forwards += plan.lookahead
             for s in seqs:
                 s.num_cached += plan.lookahead
-            for tokens, logprobs in steps.tolist():
-                self._record(seqs, [int(t) for t in tokens], logprobs)
+            tokens, logprobs = steps[:, 0].T.long().tolist(), steps[:, 1].T.tolist()  # [B][steps]
+            self._record(seqs, tokens, logprobs)
         for s in [s for j in plan.prefill for s in j.samples] + plan.decode:
             touched[s.request.request_id] = s.request
         return list(touched.values())
@@ -305,16 +305,14 @@ class RolloutEngine:
             room = min(room, max(b - (len(s.tokens) - s.prompt_len) for s, b in zip(running, budgets)))
         return max(1, min(self.decode_steps, room))
 
-    def _record(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> None:
-        """Append one sampled token per sequence; sequences already stopped (earlier in a multi-step decode)
+    def _record(self, seqs: list[Sequence], tokens: list[list[int]], logprobs: list[list[float]]) -> None:
+        """Append each sequence's sampled tokens (one per decode step) up to its stop; sequences already stopped
         drop theirs."""
-        for s, tok, lp in zip(seqs, tokens, logprobs):
+        for s, toks, lps in zip(seqs, tokens, logprobs):
             if s.finish_reason is not None:
                 continue
-            s.tokens.append(tok)
-            s.logprobs.append(lp)
-            s.versions.append(self.slots.version[s.slot] if s.slot is not None else None)
-            check_stop(s, self.eos_ids, self.max_model_len, self.tokenizer)
+            version = self.slots.version[s.slot] if s.slot is not None else None
+            append_tokens(s, toks, lps, version, self.eos_ids, self.max_model_len, self.tokenizer)
             if s.finish_reason is not None:
                 self._finish(s, s.finish_reason)
 

@@ -43,7 +43,6 @@ class Sequence:
     versions: list[int | None] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    text_checked: int = 0  # generated text length already searched for stop strings
 
     @property
     def priority(self) -> tuple[int, int]:
@@ -69,25 +68,55 @@ class Sequence:
                                 tokenizer.decode(gen) if tokenizer is not None and self.finish_reason else None)
 
 
-def check_stop(seq: Sequence, eos_ids: set[int], max_model_len: int, tokenizer=None) -> None:
-    """Set `seq.finish_reason` ("stop" | "length") after a token was appended; vLLM's order of checks."""
+def append_tokens(seq: Sequence, tokens: list[int], logprobs: list[float], version: int | None, eos_ids: set[int],
+                  max_model_len: int, tokenizer=None) -> None:
+    """Append the tokens one decode step sampled for `seq` (several with multi-step decode) up to the first that
+    stops it, setting `finish_reason` ("stop" | "length") and `stop_reason` with vLLM's order of checks per token:
+    EOS, stop token ids, stop strings, then the length limits. Tokens after the stop are dropped."""
     p = seq.request.params
-    tok = seq.tokens[-1]
-    if not p.ignore_eos and tok in eos_ids:
-        seq.finish_reason = "stop"
-        return
-    if p.stop_token_ids and tok in p.stop_token_ids:
-        seq.finish_reason, seq.stop_reason = "stop", tok
-        return
-    if p.stop_strings and tokenizer is not None:
-        text = tokenizer.decode(seq.generated)
-        longest = max(len(s) for s in p.stop_strings)
-        window = text[max(0, seq.text_checked - longest + 1):]  # only text that the new token could complete
-        seq.text_checked = len(text)
-        for s in p.stop_strings:
-            if s in window:
-                seq.finish_reason, seq.stop_reason = "stop", s
-                return
-    n_gen = len(seq.tokens) - seq.prompt_len
-    if (p.max_new_tokens is not None and n_gen >= p.max_new_tokens) or len(seq.tokens) >= max_model_len:
-        seq.finish_reason = "length"
+    stop_ids = set(p.stop_token_ids or ())
+    ends = stop_ids if p.ignore_eos else stop_ids | eos_ids
+    # The length limits: the `room`-th token (1-based) stops the sequence unless something stops it before.
+    room = max_model_len - len(seq.tokens)
+    if p.max_new_tokens is not None:
+        room = min(room, p.max_new_tokens - (len(seq.tokens) - seq.prompt_len))
+    n = min(len(tokens), max(room, 1))
+    strings = p.stop_strings if tokenizer is not None else []
+    if strings:  # decoded text of the window's tokens (generated ones only), grown by each new token
+        longest = max(len(s) for s in strings)
+        recent = seq.tokens[max(seq.prompt_len, len(seq.tokens) - _window(longest)):]
+        before = tokenizer.decode(recent) if recent else ""
+    for i in range(n):
+        tok = tokens[i]
+        if tok in ends:
+            seq.finish_reason = "stop"
+            if tok in stop_ids and (p.ignore_eos or tok not in eos_ids):
+                seq.stop_reason = tok
+            n = i + 1
+            break
+        if strings:
+            recent.append(tok)
+            text = tokenizer.decode(recent)
+            tail = text[max(0, len(before) - longest + 1):]  # only text that the new token could complete
+            hit = next((s for s in strings if s in tail), None)
+            before = text
+            if hit is not None:
+                seq.finish_reason, seq.stop_reason = "stop", hit
+                n = i + 1
+                break
+    else:
+        if n >= room:
+            seq.finish_reason = "length"
+    seq.tokens.extend(tokens[:n])
+    seq.logprobs.extend(logprobs[:n])
+    seq.versions.extend([version] * n)
+
+
+# Stop strings are looked for in the text of a window of the last generated tokens, not of the whole generation:
+# decoding everything after every token is quadratic (a 512-token sample at batch 64 cost 2.5 ms of host time per
+# step, bench/engine_host.py). The window starts _window(longest) tokens before a decode step's first token. A
+# token carries at least a quarter of a character (a 4-byte UTF-8 character split into bytes), so it holds every
+# character a stop string ending in a new token can span, with room to spare; decoding a suffix of the tokens
+# changes at most its first few characters (a partial character, a leading space).
+def _window(longest: int) -> int:
+    return 4 * longest + 8
