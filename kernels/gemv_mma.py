@@ -86,10 +86,14 @@ def _tile_asm(nt: int) -> str:
 
 _TILE1 = tl.constexpr(_tile_asm(1))
 _TILE2 = tl.constexpr(_tile_asm(2))
+
+
 # Loads are predicated off only past a warp's last tile (the prefetch one step ahead), whose zeros are never read.
 # The weights' loads may carry an L2 prefetch size hint (GemvConfig.l2_prefetch): a quad of lanes asks for 64 bytes
 # of a row per K tile, and the rest of the row's line follows in the next tile.
 def _load_w_asm(hint: str) -> str:
+    """PTX: lane's 16 bytes of words of rows g and g + 8 ($0-$7) and their scales ($8, $9) from byte addresses
+    $10-$13, if $14."""
     return f"""{{
 .reg .pred p;
 setp.ne.b32 p, $14, 0;
@@ -103,7 +107,7 @@ mov.b16 $8, 0; mov.b16 $9, 0;
 }}"""
 
 
-_HINTS = {size: _load_w_asm(f".L2::{size}B" if size else "") for size in (0, 64, 128, 256)}
+_LOAD_W = {size: _load_w_asm(f".L2::{size}B" if size else "") for size in (0, 64, 128, 256)}  # by hint bytes
 _LOAD_X = tl.constexpr(
     "{\n.reg .pred p;\nsetp.ne.b32 p, $17, 0;\n"
     + "".join(f"mov.b32 ${i}, 0;\n" for i in range(16))
@@ -114,14 +118,15 @@ _LOAD_X = tl.constexpr(
 
 
 @triton.jit
-def _load_w_rows(w_row, s_row, k0, ok, stride_wn, stride_sn, GROUP: tl.constexpr, HINT: tl.constexpr):
-    """_load_w for rows g and g + 8 (the scale row of g + 8 is 8 scale rows on)."""
+def _load_w_rows(w_row, s_row, k0, ok, stride_wn, stride_sn, GROUP: tl.constexpr, LOAD: tl.constexpr):
+    """The lane's words and scales of rows g and g + 8 at K tile k0 (10 registers); w_row, s_row: byte addresses of
+    row g's words and scales; LOAD: a _LOAD_W text."""
     t = tl.arange(0, w_row.shape[0]) % 4
     kt = k0 + 32 * t
     wa = w_row + kt // 2
     sa = s_row + (kt // GROUP) * 2
     return tl.inline_asm_elementwise(
-        HINT, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l,r",
+        LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l,r",
         [wa, wa + 8 * 4 * stride_wn, sa, sa + 8 * 2 * stride_sn, ok],
         dtype=(tl.int32,) * 8 + (tl.bfloat16,) * 2, is_pure=True, pack=1)  # fmt: skip
 
@@ -137,12 +142,12 @@ def _load_x(x_row, k0, ok):
 
 @triton.jit
 def _load_weights(w_rows, s_rows, k, ok, stride_wn, stride_sn, GROUP: tl.constexpr, U: tl.constexpr,
-                  MT: tl.constexpr, HINT: tl.constexpr):  # fmt: skip
+                  MT: tl.constexpr, LOAD: tl.constexpr):  # fmt: skip
     """_load_w_rows of the U tiles from K = k for each of the MT row tiles, tile-major."""
     out = ()
     for u in tl.static_range(U):
         for m in tl.static_range(MT):
-            out = out + (_load_w_rows(w_rows[m], s_rows[m], k + u * _TILE_K, ok, stride_wn, stride_sn, GROUP, HINT),)
+            out = out + (_load_w_rows(w_rows[m], s_rows[m], k + u * _TILE_K, ok, stride_wn, stride_sn, GROUP, LOAD),)
     return out
 
 
@@ -209,7 +214,7 @@ def _stack(a, b, AXIS: tl.constexpr):
 def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, tiles_per_warp, stride_wn,
                      stride_sn, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt,
                      lcnt, stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr,
-                     HINT: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
+                     LOAD: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
                      LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
@@ -241,7 +246,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
             x_ok = x_ok + ((xr < M).to(tl.int32),)
         ok = tl.full((32 * NW,), 1, tl.int32)
         # frozen weights: loaded before the PDL wait
-        nxt = _load_weights(w_rows, s_rows, k_lo, ok, stride_wn, stride_sn, GROUP, U, MT, HINT)
+        nxt = _load_weights(w_rows, s_rows, k_lo, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
         wait_for_producers(PDL)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
@@ -259,7 +264,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
             cur = nxt
             xv = x_nxt
             ok = (k1 < k_hi).to(tl.int32)
-            nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, HINT)
+            nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
             x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
             new = ()
             for m in tl.static_range(MT):
@@ -318,7 +323,7 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), k // TILE_K // nw, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
-        U=cfg.mma_tiles if m <= 8 else 1, HINT=_HINTS[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
+        U=cfg.mma_tiles if m <= 8 else 1, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
         launch_pdl=pdl, num_warps=nw, **launch.constexprs,
     )  # fmt: skip
     return out
