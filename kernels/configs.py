@@ -143,7 +143,8 @@ _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small
 # M = 1 on a tall, short matrix (a fused gate/up, DeepSeek-V3's q_b): one program per 32 rows already gives every
 # SM several, so K is not split (no partials, no reduction tail) and the TMA pipeline keeps 4 tiles in flight per
 # program. bench/gemv_sweep.py --sections tma: Qwen3-8B gate_up (24576 x 4096) 31.7 -> 25.3 us, DeepSeek-V3 q_b
-# 15.1 -> 12.9 us; a tie at K = 7168 and slower on shorter matrices, which keep the split kernel.
+# 15.1 -> 12.9 us; a tie at K = 7168 and slower on shorter matrices, which keep the split kernel. Since the mma
+# kernel below, only for weights that one cannot read.
 _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 
 # M <= 8, int4 (groups >= 32) on bf16: the per-thread mma kernel (gemv_mma.py), about half the instructions per weight

@@ -1,4 +1,7 @@
-"""Bandwidth-bound small-M (decode) forward: y[M, N] = x[M, K] @ W^T for M <= 16, W packed [N, K].
+"""Bandwidth-bound small-M (decode) forward: y[M, N] = x[M, K] @ W^T for M <= 16, W packed [N, K], in Triton tiles.
+
+For int4 on bf16 at M <= 8 gemv_mma.py's per-thread mma kernel serves instead (configs.pick_gemv); these kernels
+take M 9-16, every other format, and what that one cannot read.
 
 At decode sizes the work is streaming the packed weight once, so the kernel is shaped for memory
 parallelism: small programs (one warp each, ~8-12 per SM) each decode [BN, BK] weight tiles with the
@@ -9,9 +12,10 @@ ticket) sums the partials in split order, so results are bitwise reproducible ru
 Two ways to multiply the decoded tile (GemvConfig.dot):
 
 - DOT (the default): tl.dot of the tile with the activations (M padded to 16, or for M = 1 one row
-  broadcast). For int4 the words are decoded by the packed-bf16 decoder into the mma operand registers
-  directly, in a permuted K order that both operands share (see _k_permute), so the tile never goes
-  through shared memory; the next tile's words are prefetched one iteration ahead.
+  broadcast). For int4 the words are decoded by the packed-bf16 decoder in a permuted K order that both
+  operands share (see _k_permute), meant to land in the mma operand registers directly; with Triton 3.6
+  and 3.9 the decoded tile still passes through shared memory (sm_90 SASS, bench/RESULTS.md), which
+  gemv_mma.py avoids. The next tile's words are prefetched one iteration ahead.
 - FMA: y[m, n] += sum_k w[n, k] x[m, k] on the CUDA cores, one activation row at a time. Within ~10% of
   DOT at M = 1 and slower above (its FMA count grows with M); kept for measurements (bench/gemv_sweep.py).
 

@@ -3,10 +3,11 @@ ptxas run without a GPU.
 
 The interpreter that runs the other kernel tests on the CPU accepts code the compiler rejects (plain globals in jit
 code, type errors in branches a constexpr never takes), and both reached the GPU this way once (bench/RESULTS.md).
-This compiles `_gemv_kernel` (at M = 1 and M = 16 tiles), the descriptor (TMA) GEMV and RoPE in a subprocess without
-TRITON_INTERPRET, the GEMVs with and without the fused LoRA, and checks ptxas' register report: no spills, and the
-M = 1 kernel within 168 registers per thread, which keeps the 12 one-warp programs per SM that configs._GEMV asks
-for resident (65,536 / (12 * 32) = 170).
+This compiles `_gemv_kernel` (at M = 1 and M = 16 tiles), the descriptor (TMA) GEMV, gemv_mma.py's kernel (which
+the interpreter cannot run at all: inline PTX) and RoPE in a subprocess without TRITON_INTERPRET, the GEMVs with and
+without the fused LoRA, and checks ptxas' register report: no spills, and the M = 1 tile kernel within 168 registers
+per thread, which keeps the 12 one-warp programs per SM that configs._GEMV asks for resident (65,536 / (12 * 32) =
+170).
 """
 
 import functools
