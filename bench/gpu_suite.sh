@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
-#   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels timeline attnwarps gaps)
+#   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels timeline attnwarps gaps host)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -31,6 +31,7 @@ for s in $sections; do
     gaps)    for steps in 8 16; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 4 16 --no-hf --decode-steps $steps --profile 8; done \
                >"$OUT/gaps.log" 2>&1 ;;
+    host)    timeout 120 python3 bench/engine_host.py --batches 1 64 256 >"$OUT/host.log" 2>&1 ;;
     attnwarps) for w in 4 8; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 16 --no-hf --attn-warps $w --profile 8; done \
                >"$OUT/attnwarps.log" 2>&1 ;;
@@ -45,4 +46,5 @@ grep -A6 "== summary" "$OUT/kernels.log" 2>/dev/null
 grep -E "^case|lora|^qkv|^o |^gate|^down" "$OUT/timeline.log" 2>/dev/null
 grep -E "^qwen|_attn_kernel|_merge_kernel" "$OUT/attnwarps.log" 2>/dev/null
 grep -E "^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/gaps.log" 2>/dev/null
+grep -E "^batch" "$OUT/host.log" 2>/dev/null
 grep -E '"eval/(accuracy|pass@)' "$OUT/default.log" 2>/dev/null | head -12
