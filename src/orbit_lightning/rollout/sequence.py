@@ -74,8 +74,8 @@ def append_tokens(seq: Sequence, tokens: list[int], logprobs: list[float], versi
     stops it, setting `finish_reason` ("stop" | "length") and `stop_reason` with vLLM's order of checks per token:
     EOS, stop token ids, stop strings, then the length limits. Tokens after the stop are dropped."""
     p = seq.request.params
-    stop_ids = set(p.stop_token_ids or ())
-    ends = stop_ids if p.ignore_eos else stop_ids | eos_ids
+    eos = () if p.ignore_eos else eos_ids
+    stop_ids = p.stop_token_ids or ()
     # The length limits: the `room`-th token (1-based) stops the sequence unless something stops it before.
     room = max_model_len - len(seq.tokens)
     if p.max_new_tokens is not None:
@@ -88,9 +88,9 @@ def append_tokens(seq: Sequence, tokens: list[int], logprobs: list[float], versi
         before = tokenizer.decode(recent) if recent else ""
     for i in range(n):
         tok = tokens[i]
-        if tok in ends:
+        if tok in eos or tok in stop_ids:  # (EOS first: a token that is both gives no stop_reason)
             seq.finish_reason = "stop"
-            if tok in stop_ids and (p.ignore_eos or tok not in eos_ids):
+            if tok not in eos:
                 seq.stop_reason = tok
             n = i + 1
             break
