@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
-#   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels timeline attnwarps gaps host)
+#   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels timeline attnwarps gaps host
+#   trigger lora ktests)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -19,6 +20,8 @@ sections=${*:-tests rlstep default rollout}
 for s in $sections; do
   start=$(date +%s)
   case $s in
+    ktests)  timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_gemv_lora.py tests/kernels/test_gemv_mma.py \
+               tests/kernels/test_gemv.py -p no:cacheprovider >"$OUT/ktests.log" 2>&1 ;;
     tests)   timeout 280 python3 -m pytest -q -m gpu tests -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
     rollout) timeout 330 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 \
                --batches 1 16 64 256 --profile 8 --hf-max-batch 64 >"$OUT/rollout.log" 2>&1 ;;
@@ -31,6 +34,10 @@ for s in $sections; do
     gaps)    for steps in 8 16; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 4 16 --no-hf --decode-steps $steps --profile 8; done \
                >"$OUT/gaps.log" 2>&1 ;;
+    trigger) for t in 0 1; do echo "ORBIT_PDL_TRIGGER=$t"; ORBIT_PDL_TRIGGER=$t timeout 100 python3 bench/rollout.py \
+               --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --batches 1 4 16 \
+               --no-hf --profile 8; done >"$OUT/trigger.log" 2>&1 ;;
+    lora)    timeout 100 python3 bench/gemv_sweep.py --sections lora >"$OUT/lora.log" 2>&1 ;;
     host)    timeout 120 python3 bench/engine_host.py --batches 1 64 256 >"$OUT/host.log" 2>&1 ;;
     attnwarps) for w in 4 8; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 16 --no-hf --attn-warps $w --profile 8; done \
@@ -39,6 +46,7 @@ for s in $sections; do
   echo "== $s: exit $? in $(( $(date +%s) - start ))s"
 done
 echo "== summaries"
+grep -E "passed|failed|FAILED|Error" "$OUT/ktests.log" 2>/dev/null | tail -6
 grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" 2>/dev/null | tail -12
 grep -E "^\[profile\] batch|^qwen|roof|HF|dlogprob" "$OUT/rollout.log" 2>/dev/null | tail -24
 grep -A9 -E "^(deterministic )?qwen3" "$OUT/rl_step.log" 2>/dev/null | tail -20
@@ -47,4 +55,6 @@ grep -E "^case|lora|^qkv|^o |^gate|^down" "$OUT/timeline.log" 2>/dev/null
 grep -E "^qwen|_attn_kernel|_merge_kernel" "$OUT/attnwarps.log" 2>/dev/null
 grep -E "^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/gaps.log" 2>/dev/null
 grep -E "^batch" "$OUT/host.log" 2>/dev/null
+grep -E "^ORBIT|^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/trigger.log" 2>/dev/null
+grep -vE "^\s*$" "$OUT/lora.log" 2>/dev/null | tail -12
 grep -E '"eval/(accuracy|pass@)' "$OUT/default.log" 2>/dev/null | head -12

@@ -15,6 +15,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import configs
+from .buffers import stream_buffer
 from .configs import TileConfig, auto_split, pick_config, pick_gemv
 from .dequant import dequant_tile, load_scales
 from .formats import INT4, PLAIN, PackedWeight
@@ -150,18 +151,9 @@ def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
 # Kernels decorated while TRITON_INTERPRET=1 was set run on the CPU through Triton's interpreter.
 INTERPRETED = type(_dense_kernel).__name__ == "InterpretedFunction"
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_TICKETS: dict[tuple[torch.device, int], Tensor] = {}
-
-
 def _tickets(device: torch.device, n: int) -> Tensor:
     """Zeroed int32 split-K tickets, one buffer per (device, stream); each kernel re-zeroes what it used."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    buf = _TICKETS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _TICKETS[key] = buf
-    return buf
+    return stream_buffer("tickets", device, max(n, 1024), torch.int32)
 
 
 def check_activation(a: Tensor, w: PackedWeight, dx: bool, what: str) -> None:

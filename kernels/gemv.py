@@ -45,7 +45,7 @@ from .dequant import (
     load_scales,
 )
 from .formats import PackedWeight
-from .gemv_lora import N_COUNTERS, LoraDelta, lora_rank_program
+from .gemv_lora import N_COUNTERS, LoraDelta, lora_arrive, lora_leave, lora_rank_program
 from .gemv_mma import gemv_mma
 from .gemv_out import flat_program, launch_args, store_out
 from .pdl import use_pdl, wait_for_producers
@@ -213,8 +213,9 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
         pid_n, split, pid_m, is_rank = tl.program_id(0), tl.program_id(1), tl.program_id(2), False
     if is_rank:
         wait_for_producers(PDL)
+        arrived = lora_arrive(lt, LORA)
         lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt,
-                          BM, BR, ONE_ROW)  # fmt: skip
+                          arrived, BM, BR, ONE_ROW)  # fmt: skip
     else:
         rows = pid_n * BN + tl.arange(0, BN)
         m0 = pid_m.to(tl.int64) * BM
@@ -242,6 +243,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
         # Everything above reads frozen weights only, so under PDL it overlaps the previous kernel's tail; the
         # activations (and every store) come after the wait.
         wait_for_producers(PDL)
+        arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, linear_program(), 4, STAMPS)
         if DOT and PREFETCH:
             xa_next = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k_lo, k_hi, BM, BK, ONE_ROW)
@@ -297,8 +299,9 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                 acc = _fma_rows(w, x_ptr, m0, M, stride_xm, cols, cols < K, acc, BM)
         stamp(stamp_ptr, linear_program(), 5, STAMPS)
         store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
-                   stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, BM, SPLIT, BR,
+                   stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived, BN, BM, SPLIT, BR,
                    LORA)  # fmt: skip
+    lora_leave(lt, arrived, LORA)
     stamp(stamp_ptr, linear_program(), 1, STAMPS)
 
 
@@ -315,6 +318,7 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
                      STAMPS: tl.constexpr):  # fmt: skip
     stamp(stamp_ptr, linear_program(), 0, STAMPS)
     wait_for_producers(PDL)
+    arrived = lora_arrive(lt, LORA)
     stamp(stamp_ptr, linear_program(), 4, STAMPS)
     if LORA:
         pid_n, split, pid_m, is_rank = flat_program(N, n_splits, N_A, BN)
@@ -322,17 +326,18 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
         pid_n, split, pid_m, is_rank = tl.program_id(0), tl.program_id(1), tl.program_id(2), False
     if is_rank:
         lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt,
-                          BM, BR, ONE_ROW)  # fmt: skip
+                          arrived, BM, BR, ONE_ROW)  # fmt: skip
     else:
         _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_xm,
-                     stride_om, pid_n, split, pid_m, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
+                     stride_om, pid_n, split, pid_m, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived,
                      GROUP, BM, BN, BK, FAST_INT4, SPLIT, ONE_ROW, STAGES, LORA, BR)  # fmt: skip
+    lora_leave(lt, arrived, LORA)
     stamp(stamp_ptr, linear_program(), 1, STAMPS)
 
 
 @triton.jit
 def _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_xm,
-                 stride_om, pid_n, split, pid_m, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
+                 stride_om, pid_n, split, pid_m, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived,
                  GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST_INT4: tl.constexpr,
                  SPLIT: tl.constexpr, ONE_ROW: tl.constexpr, STAGES: tl.constexpr, LORA: tl.constexpr,
                  BR: tl.constexpr):  # fmt: skip
@@ -353,7 +358,7 @@ def _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per
         x = _load_x(x_ptr, m0, offs_m, m_ok, stride_xm, k0, k_hi, BM, BK, ONE_ROW)
         acc = _dot_step(w, x, acc, BM, BK, ONE_ROW)
     store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, tl.cdiv(N, BN),
-               stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, BM, SPLIT, BR,
+               stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived, BN, BM, SPLIT, BR,
                LORA)  # fmt: skip
 
 

@@ -8,10 +8,18 @@ launches cost about as much as the GEMV of a small matrix: 64 of them took 176 u
   over one K slice: 256 wide by chained tensor-core dots, or at M = 1 128 wide on the FMA units with every load
   issued at once (a chain of dependent loads there cost more than the GEMV it rides in). The last of adapter
   g's rank programs (an atomic ticket) sums the partials in a fixed order, rounds t_g to the adapter dtype and
-  raises adapter g's flag.
-- The weight programs run as before. The program that writes an output tile (the tile's last split) waits for
-  its adapter's flag, then adds scale_g * B_g[tile rows] t_g with the rounding steps of `lora.py`'s up kernel.
-- The last tile written re-arms the flags for the next launch.
+  publishes it as *tagged words*: 64 bits each, the fp32 value in the low half and the launch's tag in the high.
+- The weight programs run as before. The program that writes an output tile (the tile's last split) polls its
+  adapter's t words until every one carries this launch's tag, then adds scale_g * B_g[tile rows] t_g with the
+  rounding steps of `lora.py`'s up kernel.
+
+Why tags, not a flag: a flag then t is two dependent L2 round trips at the end of every output tile, and a flag
+needs re-arming (a counted atomic at every program's exit, the last one clearing it). A 64-bit word is written and
+read whole, so each word shows its own readiness: one round trip. The tag is the launch's epoch plus one, from a
+per-stream state word (epoch << 32 | programs arrived): every program adds 1 after its PDL wait (which returns
+the epoch off the critical path), and the launch's last arrival advances the epoch and clears the count. All
+programs of a launch read one epoch, since it advances only once all have arrived, and the state's t words only
+ever hold tags of earlier launches.
 
 The wait is safe because the rank programs come first in the grid: a GPU dispatches programs in linear order,
 so a waiting weight program implies every rank program is running or done (the forward-progress assumption of
@@ -27,6 +35,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .buffers import stream_buffer
 from .lora import _BK as SLICE  # K per rank program at M > 1: lora.py's down kernel's slices
 from .lora import MAX_SEGMENTS, _pick
 
@@ -36,8 +45,13 @@ SLICE_ONE_ROW = 128  # K per rank program at M = 1: its [16, 128] adapter tile l
 _SLICE1 = tl.constexpr(SLICE_ONE_ROW)
 _SUB = tl.constexpr(32)  # K per chained dot in a slice (M > 1): [16, 32] operand tiles for one warp
 _G = tl.constexpr(MAX_SEGMENTS)
-# Counters after the weight tiles' tickets: [slice tickets G][flags G][tiles written 1].
-N_COUNTERS = 2 * MAX_SEGMENTS + 1
+# Counters after the weight tiles' tickets (zeroed, re-armed by the kernel): one slice ticket per adapter.
+N_COUNTERS = MAX_SEGMENTS
+# The per-stream state (int64): word 0 = (epoch << 32) | programs arrived; then the tagged t words [G, 16, 64]
+# (an M tile of at most 16 rows, a rank padded to at most 64).
+MAX_BM, MAX_BR = 16, 64
+STATE_WORDS = 1 + MAX_SEGMENTS * MAX_BM * MAX_BR
+_LOW = tl.constexpr(0xFFFFFFFF)
 
 
 class LoraDelta(NamedTuple):
@@ -51,7 +65,7 @@ class LoraDelta(NamedTuple):
 class LoraArgs(NamedTuple):
     """What the GEMV kernels take for a LoraDelta (see `lora_args`)."""
 
-    args: tuple  # a0, a1, a2, b0, b1, b2, s0, s1, s2, start1, start2, rank, slices, partials, t, counters
+    args: tuple  # a0, a1, a2, b0, b1, b2, s0, s1, s2, start1, start2, rank, slices, partials, state, counters
     programs: int  # rank programs at the front of the grid
     block_r: int  # the rank padded to the dots' minimum (the kernels' BR)
 
@@ -63,7 +77,7 @@ def fits(delta: LoraDelta, x: Tensor, n: int, block_m: int, block_n: int) -> boo
     if not 1 <= len(a) <= MAX_SEGMENTS or len(b) != len(a) or len(delta.scale) != len(a):
         return False
     r, k = a[0].shape
-    if x.shape[0] > block_m or r > 64 or any(t.dtype != a[0].dtype for t in (*a, *b)):
+    if x.shape[0] > block_m or r > MAX_BR or any(t.dtype != a[0].dtype for t in (*a, *b)):
         return False
     if any(ag.shape != (r, k) or bg.dim() != 2 or bg.shape[1] != r for ag, bg in zip(a, b)):
         return False
@@ -79,11 +93,19 @@ def _starts(b: list[Tensor]) -> list[int]:
     return starts
 
 
+def lora_state(device: torch.device) -> Tensor:
+    """The stream's LoRA state (epoch, arrivals, tagged t words): one fixed buffer, so that every launch on the
+    stream sees the epoch the last one left."""
+    return stream_buffer("lora_state", device, STATE_WORDS, torch.int64)
+
+
 def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: torch.device,
               slice_one_row: int = SLICE_ONE_ROW) -> LoraArgs:
-    """Kernel arguments for `delta` (checked by `fits`) for M = m rows under a GEMV config of block_m rows;
-    counters: N_COUNTERS zeroed int32 (re-armed by the kernel); slice_one_row: K per rank program at M = 1 (the
-    kernel's SLICE1)."""
+    """Kernel arguments for `delta` (checked by `fits`) for M = m rows under a GEMV config of block_m (<= 16)
+    rows; counters: N_COUNTERS zeroed int32 (re-armed by the kernel); slice_one_row: K per rank program at M = 1
+    (the kernel's SLICE1)."""
+    if block_m > MAX_BM:
+        raise ValueError(f"fused LoRA: M tiles of at most {MAX_BM} rows, got {block_m}")
     a = [t.contiguous() for t in delta.a]
     b = [t.contiguous() for t in delta.b]
     g, (r, k) = len(a), a[0].shape
@@ -92,9 +114,8 @@ def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: 
     br = max(16, triton.next_power_of_2(r))
     slices = triton.cdiv(k, slice_one_row if m == 1 else SLICE)
     partials = torch.empty((g, slices, block_m, br), dtype=torch.float32, device=device)
-    t = torch.empty((g, block_m, br), dtype=a[0].dtype, device=device)
     args = (*a, *a[:1] * pad, *b, *b[:1] * pad, *map(float, delta.scale), *[0.0] * pad, *starts, r, slices,
-            partials, t, counters)  # fmt: skip
+            partials, lora_state(device), counters)  # fmt: skip
     return LoraArgs(args, g * slices, br)
 
 
@@ -116,11 +137,38 @@ def _sum_partials(base, slices, M, BM: tl.constexpr, BR: tl.constexpr, ONE_ROW: 
 
 
 @triton.jit
-def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_ptr, t_ptr, cnt_ptr,
+def lora_arrive(state, LORA: tl.constexpr):
+    """Count this program into the launch (after its PDL wait); returns the state word before: the epoch in the
+    high half, the programs counted before this one in the low. Nothing waits on it until the epilogue."""
+    if LORA:
+        return tl.atomic_add(state, 1, sem="relaxed")
+    else:
+        return tl.zeros((), tl.int64)
+
+
+@triton.jit
+def lora_leave(state, arrived, LORA: tl.constexpr):
+    """The launch's last program to arrive advances the epoch and clears the count (every program has its
+    epoch by then; the next launch reads the state only after this one completes)."""
+    if LORA:
+        total = tl.num_programs(0).to(tl.int64)
+        if (arrived & _LOW) == total - 1:
+            tl.atomic_add(state, tl.full((), 1 << 32, tl.int64) - total, sem="relaxed")
+
+
+@triton.jit
+def _t_words(state, seg, rows, ranks, BM: tl.constexpr, BR: tl.constexpr):
+    """Pointers to adapter seg's tagged t words at (rows, ranks) of the state."""
+    return state + 1 + seg * (BM * BR) + rows * BR + ranks
+
+
+@triton.jit
+def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_ptr, state, cnt_ptr, arrived,
                       BM: tl.constexpr, BR: tl.constexpr, ONE_ROW: tl.constexpr,
                       SLICE1: tl.constexpr = _SLICE1):  # fmt: skip
     """Rank program `pid`: adapter g = pid // slices, K slice s = pid % slices (see the module docstring); SLICE1:
-    K per slice at M = 1 (wider for programs of several warps, so that fewer of them take SM slots)."""
+    K per slice at M = 1 (wider for programs of several warps, so that fewer of them take SM slots); arrived:
+    lora_arrive's word."""
     seg = pid // slices
     s = pid % slices
     a_ptr = _pick(seg, a0, a1, a2)
@@ -148,18 +196,22 @@ def lora_rank_program(pid, x_ptr, M, K, stride_xm, a0, a1, a2, R, slices, part_p
     ticket = tl.atomic_add(cnt_ptr + seg, 1, sem="acq_rel")
     if ticket == slices - 1:
         t = _sum_partials(part_ptr + seg * slices * BM * BR, slices, M, BM, BR, ONE_ROW)
+        t = t.to(a_ptr.dtype.element_ty).to(tl.float32)  # t rounded to the adapter dtype, carried exactly in fp32
+        bits = t.to(tl.int32, bitcast=True).to(tl.int64) & _LOW
+        tag = (arrived >> 32) + 1
         t_rows = tl.arange(0, 1 if ONE_ROW else BM)
-        tl.store(t_ptr + seg * BM * BR + t_rows[:, None] * BR + ranks[None, :], t.to(t_ptr.dtype.element_ty))
-        tl.atomic_xchg(cnt_ptr + seg, 0)
-        tl.debug_barrier()
-        tl.atomic_xchg(cnt_ptr + _G + seg, 1, sem="release")
+        # Whole 64-bit words (atomics: single-copy atomic), so a poller sees each word either old or new.
+        tl.atomic_xchg(_t_words(state, seg, t_rows[:, None], ranks[None, :], BM, BR), bits | (tag << 32),
+                       sem="relaxed")  # fmt: skip
+        tl.atomic_xchg(cnt_ptr + seg, 0)  # re-arm the slice ticket
 
 
 @triton.jit
-def lora_finish_tile(y, n0, offs_n, M, N, n_writers, b0, b1, b2, scale0, scale1, scale2, start1, start2, R, t_ptr,
-                     cnt_ptr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):  # fmt: skip
+def lora_finish_tile(y, n0, offs_n, M, N, b0, b1, b2, scale0, scale1, scale2, start1, start2, R, state, arrived,
+                     BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):  # fmt: skip
     """The out^T tile [BN, BM] of rows offs_n (from n0): the base y, already rounded to the output dtype, plus
-    (scale * round(B t)) rounded to it, the rounding steps of `lora.py`'s up kernel."""
+    (scale * round(B t)) rounded to it, the rounding steps of `lora.py`'s up kernel; arrived: lora_arrive's
+    word, whose epoch names the t words of this launch."""
     seg = (n0 >= start1).to(tl.int32) + (n0 >= start2).to(tl.int32)
     b_ptr = _pick(seg, b0, b1, b2)
     scale = _pick(seg, scale0, scale1, scale2)
@@ -168,23 +220,14 @@ def lora_finish_tile(y, n0, offs_n, M, N, n_writers, b0, b1, b2, scale0, scale1,
     rows = offs_n - start
     b = tl.load(b_ptr + rows[:, None] * R + ranks[None, :], mask=(offs_n[:, None] < N) & (ranks[None, :] < R),
                 other=0.0)  # fmt: skip
-    flag = cnt_ptr + _G + seg
-    while tl.atomic_add(flag, 0, sem="acquire") == 0:  # one round trip per poll, ordering the reads of t after it
-        pass
     m = tl.arange(0, BM)
-    t = tl.load(t_ptr + seg * BM * BR + m[None, :] * BR + ranks[:, None], mask=(m < M)[None, :], other=0.0,
-                cache_modifier=".cg")  # fmt: skip
+    ptrs = _t_words(state, seg, m[None, :], ranks[:, None], BM, BR)  # [BR, BM]: t transposed, as the dot takes it
+    live = (m < M)[None, :] & (ranks < BR)[:, None]
+    tag = (arrived >> 32) + 1
+    words = tl.load(ptrs, mask=live, other=0, volatile=True)
+    while tl.min(tl.reshape(((words >> 32) == tag) | ~live, (BR * BM,)).to(tl.int32), axis=0) == 0:
+        words = tl.load(ptrs, mask=live, other=0, volatile=True)  # one round trip per poll
+    t = (words & _LOW).to(tl.int32).to(tl.float32, bitcast=True).to(b.dtype)
     delta = tl.dot(b, t)  # [BN, BM] fp32: B t for each output row and activation row
     delta = (delta.to(b.dtype).to(tl.float32) * scale).to(y.dtype)
     return y + delta
-
-
-@triton.jit
-def lora_tile_written(cnt_ptr, n_writers):
-    """Count a written output tile; the last one re-arms the flags (every waiter has passed its flag by then, its
-    acquire ordering its count after the read: a relaxed count suffices and costs no fence)."""
-    written = tl.atomic_add(cnt_ptr + 2 * _G, 1, sem="relaxed")
-    if written == n_writers - 1:
-        for g in tl.static_range(_G):
-            tl.atomic_xchg(cnt_ptr + _G + g, 0, sem="relaxed")
-        tl.atomic_xchg(cnt_ptr + 2 * _G, 0, sem="relaxed")

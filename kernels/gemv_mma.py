@@ -32,9 +32,9 @@ from torch import Tensor
 
 from .configs import TILE_K, GemvConfig, sm_count
 from .formats import PackedWeight
-from .gemv_lora import N_COUNTERS, LoraDelta, lora_rank_program
+from .gemv_lora import N_COUNTERS, LoraDelta, lora_arrive, lora_leave, lora_rank_program
 from .gemv_out import flat_program, launch_args, store_out
-from .pdl import use_pdl, wait_for_producers
+from .pdl import launch_dependents, use_pdl, wait_for_producers
 from .timeline import stamp
 
 _TILE_K = tl.constexpr(TILE_K)
@@ -221,8 +221,9 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
     if is_rank:
         wait_for_producers(PDL)
-        lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt, 16,
-                          BR, ONE_ROW, _TILE_K * NW)  # fmt: skip
+        arrived = lora_arrive(lt, LORA)
+        lora_rank_program(tl.program_id(0), x_ptr, M, K, stride_xm, la0, la1, la2, lr, lslices, lpart, lt, lcnt,
+                          arrived, 16, BR, ONE_ROW, _TILE_K * NW)  # fmt: skip
     else:
         lane = tl.arange(0, 32 * NW)
         warp = lane // 32
@@ -247,7 +248,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         ok = tl.full((32 * NW,), 1, tl.int32)
         # frozen weights: loaded before the PDL wait
         nxt = _load_weights(w_rows, s_rows, k_lo, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
-        wait_for_producers(PDL)
+        wait_for_producers(PDL, False)
+        arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
         zero = tl.zeros((32 * NW,), dtype=tl.float32)
@@ -277,6 +279,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                 new = new + (a,)
             acc = new
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
+        launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         tiles = ()
         for m in tl.static_range(MT):
             c = acc[m]
@@ -292,7 +295,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
             tile = _stack(tiles[0], tiles[1], 0)
         offs_m = tl.arange(0, 16)
         store_out(tile, out_ptr, out_ptr, lcnt, pid_n, 0, 0, offs_m, offs_m < M, M, N, 1, tl.cdiv(N, BN), stride_om,
-                  lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt, BN, 16, False, BR, LORA)  # fmt: skip
+                  lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived, BN, 16, False, BR, LORA)  # fmt: skip
+    lora_leave(lt, arrived, LORA)
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
 
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .gemv_lora import SLICE_ONE_ROW, LoraDelta, fits, lora_args, lora_finish_tile, lora_tile_written
+from .gemv_lora import SLICE_ONE_ROW, LoraDelta, fits, lora_args, lora_finish_tile
 from .timeline import SLOTS
 
 
@@ -26,31 +26,29 @@ def flat_program(N, n_splits, N_A, BN: tl.constexpr):
 
 
 @triton.jit
-def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
+def _emit(val, out_ptrs, mask, pid_n, offs_n, M, N, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lstate, arrived,
           BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
     """Store the finished out^T tile (fp32), with its LoRA delta added when LORA (gemv_lora.py)."""
     y = val.to(out_ptrs.dtype.element_ty)
     if LORA:
-        y = lora_finish_tile(y, pid_n * BN, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt,
-                             lcnt, BN, BM, BR)  # fmt: skip
+        y = lora_finish_tile(y, pid_n * BN, offs_n, M, N, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lstate,
+                             arrived, BN, BM, BR)  # fmt: skip
     tl.store(out_ptrs, y, mask=mask)
-    if LORA:
-        lora_tile_written(lcnt, n_writers)  # after the store: off the tile's critical path
 
 
 @triton.jit
 def store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, M, N, n_splits, n_tiles, stride_om,
-              lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, lcnt,
+              lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lstate, arrived,
               BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr, BR: tl.constexpr, LORA: tl.constexpr):
     """Write the out^T tile acc[BN, BM]: directly, or (SPLIT) as split `split`'s fp32 partial, the last
-    program of the output tile summing all partials in split order. n_tiles: output tiles along N."""
+    program of the output tile summing all partials in split order. n_tiles: output tiles along N; lstate,
+    arrived: the LoRA state and the program's gemv_lora.lora_arrive word."""
     offs_n = pid_n * BN + tl.arange(0, BN)
     mask = (offs_n[:, None] < N) & m_ok[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
-    n_writers = n_tiles * tl.cdiv(M, BM)
     if not SPLIT:
-        _emit(acc, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt,
-              lcnt, BN, BM, BR, LORA)  # fmt: skip
+        _emit(acc, out_ptrs, mask, pid_n, offs_n, M, N, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lstate, arrived,
+              BN, BM, BR, LORA)  # fmt: skip
     else:
         # Partials live in ws [n_splits, M, N] fp32. The barrier makes every thread's partial store
         # precede the (single-thread) ticket, whose acq_rel ordering publishes them to the last arriver.
@@ -72,19 +70,19 @@ def store_out(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_m, split, offs_m, m_ok, 
                 total = (((total + p0) + p1) + p2) + p3
                 part_ptrs += 4 * M * N
             tl.atomic_xchg(cnt_ptr + tile, 0)  # re-arm the ticket for the next launch
-            _emit(total, out_ptrs, mask, pid_n, offs_n, M, N, n_writers, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2,
-                  lr, lt, lcnt, BN, BM, BR, LORA)  # fmt: skip
+            _emit(total, out_ptrs, mask, pid_n, offs_n, M, N, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lstate,
+                  arrived, BN, BM, BR, LORA)  # fmt: skip
 
 
-_PLACEHOLDERS: dict[torch.device, tuple[Tensor, Tensor]] = {}
+_PLACEHOLDERS: dict[torch.device, tuple[Tensor, ...]] = {}
 
 
-def placeholders(device: torch.device) -> tuple[Tensor, Tensor]:
-    """Typed int32 and fp32 stand-ins for the LoRA arguments of a launch without LoRA: Triton compiles (and
-    type-checks) the never-taken rank branch anyway."""
+def placeholders(device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Typed int32, fp32 and int64 stand-ins for the LoRA arguments of a launch without LoRA: Triton compiles
+    (and type-checks) the never-taken rank branch anyway."""
     if device not in _PLACEHOLDERS:
-        _PLACEHOLDERS[device] = (torch.zeros(1, dtype=torch.int32, device=device),
-                                 torch.zeros(1, dtype=torch.float32, device=device))  # fmt: skip
+        _PLACEHOLDERS[device] = tuple(torch.zeros(1, dtype=d, device=device)
+                                      for d in (torch.int32, torch.float32, torch.int64))  # fmt: skip
     return _PLACEHOLDERS[device]
 
 
@@ -111,9 +109,9 @@ def launch_args(
     """The Launch for x [M, K] @ W^T [N] over `tile_programs` weight programs. counters() returns the zeroed
     int32 counters the LoRA flags need (called only with lora); stamps: timeline.SLOTS int64 per program;
     slice_one_row: K per rank program at M = 1 (gemv_lora.lora_args)."""
-    i32, f32 = placeholders(x.device)
+    i32, f32, i64 = placeholders(x.device)
     if lora is None:  # typed placeholders: Triton compiles the (never taken) rank branch even without LORA
-        rank, tail, consts = 0, (0, *[x] * 6, *[0.0] * 3, 0, 0, 0, 0, f32, x, i32), dict(LORA=False, BR=16)
+        rank, tail, consts = 0, (0, *[x] * 6, *[0.0] * 3, 0, 0, 0, 0, f32, i64, i32), dict(LORA=False, BR=16)
     else:
         if not fits(lora, x, n, block_m, block_n):
             raise ValueError("decode GEMV: these LoRA adapters do not fit the fused path (gemv_lora.fits)")

@@ -5,18 +5,28 @@ grid is launched (a batch-1 Qwen3-8B step: 1.15 ms of kernels in 1.34 ms, bench/
 launched with `launch_pdl=True` may be scheduled while the kernel before it in the stream is still finishing.
 It then blocks in `wait_for_producers` (griddepcontrol.wait) until that kernel has completed and its writes are
 visible. Every kernel launched this way calls the wait before touching memory that an earlier kernel may write or
-still read; the one exception is the split GEMV, whose first packed-weight loads come first (frozen weights, which
+still read; the exceptions are the decode GEMVs, whose first packed-weight loads come first (frozen weights, which
 no kernel writes). Without PDL the wait is a no-op, so results are the same bits either way.
+
+Right after its wait a kernel also *triggers* its dependents (griddepcontrol.launch_dependents): the next kernel
+may then be scheduled as soon as SM room frees, not only once this one exits, so its launch and its weight loads
+overlap this kernel's run. The decode GEMVs trigger after their weight loop instead: triggering before it cost
+them registers (ptxas keeps more of the loop's addresses live across it). This is safe for any kernel: the
+dependent still waits for this one to complete, and a grid triggers only once all of its programs have started,
+so waiting programs never take the room of programs of the grid they wait on. Set ORBIT_PDL_TRIGGER=0 (read at
+import) to measure without it.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 try:  # griddepcontrol intrinsics (triton >= 3.5)
-    from triton.language.extra.cuda import gdc_wait
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     _HAVE = True
 except ImportError:  # pragma: no cover - older triton: never enabled
@@ -26,16 +36,33 @@ except ImportError:  # pragma: no cover - older triton: never enabled
     def gdc_wait():
         pass
 
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+
 
 ENABLED = True  # process-wide switch (benchmarks A/B it); the launch still needs an sm_90+ GPU and compiled kernels
+TRIGGER = os.environ.get("ORBIT_PDL_TRIGGER", "1") != "0"
+_TRIGGER = tl.constexpr(TRIGGER)
 _CAPABLE: dict[int, bool] = {}
 
 
 @triton.jit
-def wait_for_producers(PDL: tl.constexpr):
-    """Block until the kernel before this one in the stream has completed (only when launched with PDL)."""
+def wait_for_producers(PDL: tl.constexpr, TRIGGER: tl.constexpr = True):
+    """Block until the kernel before this one in the stream has completed, then (TRIGGER) let the next one launch
+    (only when launched with PDL)."""
     if PDL:
         gdc_wait()
+        if TRIGGER:
+            launch_dependents(PDL)
+
+
+@triton.jit
+def launch_dependents(PDL: tl.constexpr):
+    """Let the next kernel in the stream launch now (only when launched with PDL; ORBIT_PDL_TRIGGER=0: never)."""
+    if PDL and _TRIGGER:
+        gdc_launch_dependents()
 
 
 def use_pdl(device: torch.device) -> bool:

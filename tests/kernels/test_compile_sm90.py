@@ -31,7 +31,7 @@ ptxas = getattr(ptxas, "path", ptxas)
 names = list(inspect.signature(gemv._gemv_kernel.fn).parameters)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "gs_ptr": "*bf16", "out_ptr": "*bf16",
             "ws_ptr": "*fp32", "cnt_ptr": "*i32", "la0": "*bf16", "la1": "*bf16", "la2": "*bf16", "lb0": "*bf16",
-            "lb1": "*bf16", "lb2": "*bf16", "lpart": "*fp32", "lt": "*bf16", "lcnt": "*i32", "stamp_ptr": "*i64"}
+            "lb1": "*bf16", "lb2": "*bf16", "lpart": "*fp32", "lt": "*i64", "lcnt": "*i32", "stamp_ptr": "*i64"}
 base = dict(FMT=1, GROUP=32, BM=16, BK=128, DOT=True, K_EVEN=True, FAST_INT4=True, SPLIT=True, PDL=True, BR=16,
             STAMPS=False)
 tiles = {"m1": dict(BN=16, TWO=True, PREFETCH=True, ONE_ROW=True), "m16": dict(BN=32, TWO=False, PREFETCH=False,

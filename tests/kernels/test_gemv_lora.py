@@ -1,5 +1,6 @@
 """LoRA inside the decode GEMV launch (kernels/gemv_lora.py): interpreter tests against a float64 oracle, the
-counters re-armed for the next launch, the fallback where the adapters do not fit, and bf16 on the GPU.
+tickets re-armed and the epoch advanced once per launch, the fallback where the adapters do not fit, and bf16 on
+the GPU.
 
 CPU bound (fp32 activations and adapters): the base part is test_gemv.py's (K + 2) 2^-24 of sum |x||w|; the
 adapter part chains two fp32 dots (K, then r terms) and three roundings (t, B t, the scale), and the output adds
@@ -11,7 +12,7 @@ import torch
 from orbit_lightning.kernels import gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
-from orbit_lightning.kernels.gemv_lora import N_COUNTERS, LoraDelta, fits
+from orbit_lightning.kernels.gemv_lora import LoraDelta, fits, lora_state
 
 from orbit_lightning import kernels
 from tests.kernels.kernel_oracles import assert_within, random_weight
@@ -61,12 +62,15 @@ def test_fused_lora_matches_fp64(variant, ns, k):
     packed, w = random_weight("int4", (sum(ns), k), seed=3)
     delta = _adapters(ns, k, r)
     tickets = torch.zeros(64, dtype=torch.int32)
+    state = lora_state(torch.device("cpu"))
     for m in (1, 3):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        epoch = int(state[0]) >> 32
         y = _run(x, packed, CONFIGS[variant], delta, tickets)
         ref, mag = _oracle(x, w, delta)
         assert_within(y, ref, (k + r + 8) * 2.0**-24 * (mag + ref.abs()))
-        assert not tickets.any(), "the kernel must re-arm every ticket, flag and counter it used"
+        assert not tickets.any(), "the kernel must re-arm every ticket it used"
+        assert int(state[0]) == (epoch + 1) << 32, "one launch: the epoch advances by one, the arrivals clear"
         assert torch.equal(_run(x, packed, CONFIGS[variant], delta, tickets), y)  # run again: the same bits
 
 
@@ -113,8 +117,11 @@ def test_fused_lora_bf16_gpu_matches_fp64(shape, m):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     fused = kernels.dequant_linear(x, "int4", packed, lora=delta)
     unfused = kernels.lora_add_many(kernels.dequant_linear(x, "int4", packed), x, *delta)
+    state = lora_state(x.device)
+    epoch = int(state[0]) >> 32
     assert torch.equal(kernels.dequant_linear(x, "int4", packed, lora=delta), fused)  # deterministic, re-armed
-    assert not gemm._tickets(x.device, N_COUNTERS + 4096).any()
+    assert not gemm._tickets(x.device, 0).any()
+    assert int(state[0]) == (epoch + 1) << 32
     ref, mag = _oracle(x.double().cpu(), w.cpu(), LoraDelta([t.cpu() for t in delta.a], [t.cpu() for t in delta.b],
                                                            delta.scale))  # fmt: skip
     bound = 2.0**-7 * (mag + ref.abs())
