@@ -2,7 +2,7 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels timeline attnwarps gaps host
-#   trigger lora ktests)
+#   trigger lora ktests trace)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -37,6 +37,9 @@ for s in $sections; do
     trigger) for t in 0 1; do echo "ORBIT_PDL_TRIGGER=$t"; ORBIT_PDL_TRIGGER=$t timeout 100 python3 bench/rollout.py \
                --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --batches 1 4 16 \
                --no-hf --profile 8; done >"$OUT/trigger.log" 2>&1 ;;
+    trace)   timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 \
+               --prompt-len 512 --batches 1 16 --no-hf --profile 8 --trace /tmp/traces >"$OUT/trace.log" 2>&1
+             for f in /tmp/traces/*.json; do echo "== $f"; python3 bench/trace_gaps.py "$f"; done >>"$OUT/trace.log" 2>&1 ;;
     lora)    timeout 100 python3 bench/gemv_sweep.py --sections lora >"$OUT/lora.log" 2>&1 ;;
     host)    timeout 120 python3 bench/engine_host.py --batches 1 64 256 >"$OUT/host.log" 2>&1 ;;
     attnwarps) for w in 4 8; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
@@ -57,4 +60,5 @@ grep -E "^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/gaps.log" 2>/dev/nul
 grep -E "^batch" "$OUT/host.log" 2>/dev/null
 grep -E "^ORBIT|^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/trigger.log" 2>/dev/null
 grep -vE "^\s*$" "$OUT/lora.log" 2>/dev/null | tail -12
+sed -n '/^== \/tmp/,$p' "$OUT/trace.log" 2>/dev/null | head -60
 grep -E '"eval/(accuracy|pass@)' "$OUT/default.log" 2>/dev/null | head -12

@@ -65,6 +65,8 @@ def parse_args() -> argparse.Namespace:
                     help="warps per attention program (kernels.attention.NUM_WARPS), to A/B it")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="profile this many steady decode steps of each run and print the top kernels")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="with --profile: write each profiled run's Chrome trace to DIR (for bench/trace_gaps.py)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-max-batch", type=int, default=256)
     ap.add_argument("--logprob-samples", type=int, default=8)
@@ -181,6 +183,9 @@ def run_engine(args, model, batch: int) -> tuple[dict, list]:
             sync(device)
             prof.__exit__(None, None, None)
             print_profile(prof, done, time.perf_counter() - prof_at[0], batch)
+            if args.trace:
+                os.makedirs(args.trace, exist_ok=True)
+                prof.export_chrome_trace(os.path.join(args.trace, f"b{batch}_steps{engine.decode_steps}.json"))
             prof_at = None
     wall = time.perf_counter() - t_all
     n_steps = sum(n for _, n in steps)
