@@ -36,7 +36,7 @@ from orbit_lightning import add_adapter, load_model
 from orbit_lightning.adapters import AdapterLayer
 from orbit_lightning.models import preset_hf_config, token_logprobs
 from orbit_lightning.quant.experts import QuantExperts
-from orbit_lightning.rollout import RolloutEngine, SamplingParams, kv_cache
+from orbit_lightning.rollout import RolloutEngine, SamplingParams, kv_cache, runner
 from orbit_lightning.rollout.blocks import blocks_for
 from orbit_lightning.rollout.kv_cache import KVLayout
 
@@ -61,6 +61,8 @@ def parse_args() -> argparse.Namespace:
                     help="decode attention by gathering the paged KV + SDPA instead of the paged kernel")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch the decode kernels without programmatic dependent launch (kernels.pdl), to A/B it")
+    ap.add_argument("--one-graph-per-step", action="store_true",
+                    help="replay the one-step graph per step, not the all-steps graph (runner.MULTI_STEP_GRAPH)")
     ap.add_argument("--attn-warps", type=int, default=None,
                     help="warps per attention program (kernels.attention.NUM_WARPS), to A/B it")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -84,6 +86,8 @@ def parse_args() -> argparse.Namespace:
         kernels_pdl.ENABLED = False
     if a.attn_warps:
         importlib.import_module("orbit_lightning.kernels.attention").NUM_WARPS = a.attn_warps
+    if a.one_graph_per_step:
+        runner.MULTI_STEP_GRAPH = False
     return a
 
 

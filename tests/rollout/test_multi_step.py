@@ -5,7 +5,7 @@ as one token per step, including stops inside a step, preemption and sequences o
 import pytest
 import torch
 
-from orbit_lightning.rollout import RolloutEngine, SamplingParams
+from orbit_lightning.rollout import RolloutEngine, SamplingParams, runner
 from orbit_lightning.rollout.blocks import BlockAllocator
 from orbit_lightning.rollout.scheduler import Scheduler
 from orbit_lightning.rollout.sequence import Request, Sequence
@@ -100,11 +100,20 @@ def test_graphed_multi_step_equals_eager_single_step_gpu(preset):
     eager = RolloutEngine(model, kv_budget_bytes=1 << 24, block_size=4, cuda_graphs=False, decode_steps=1)
     graphed = RolloutEngine(model, kv_budget_bytes=1 << 24, block_size=4, decode_steps=8)
     want, got = eager.generate(ps, UNMASKED), graphed.generate(ps, UNMASKED)
-    assert _captured_kinds(graphed) == {"sampled"}
+    # Full calls replay the all-steps graph; the last, shorter ones replay the one-step graph step by step.
+    assert _captured_kinds(graphed) == {"steps", "sampled"}
     assert _summary(got) == _summary(want)
     for w, g in zip(want, got):  # fp32; the tolerance of the graph-vs-eager test (test_cuda_graphs.py)
         for cw, cg in zip(w.outputs, g.outputs):
             assert max(abs(a - b) for a, b in zip(cw.logprobs, cg.logprobs)) <= 1e-4
+    # The same kernels in one graph or in eight replays: the same bits.
+    runner.MULTI_STEP_GRAPH = False
+    try:
+        replayed = RolloutEngine(model, kv_budget_bytes=1 << 24, block_size=4, decode_steps=8).generate(ps, UNMASKED)
+    finally:
+        runner.MULTI_STEP_GRAPH = True
+    assert _summary(replayed) == _summary(got)
+    assert [[c.logprobs for c in o.outputs] for o in replayed] == [[c.logprobs for c in o.outputs] for o in got]
 
 
 @pytest.mark.gpu

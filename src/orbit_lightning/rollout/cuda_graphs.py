@@ -1,8 +1,10 @@
 """CUDA graphs for decode: one graph per (kind, adapter slot, batch-size bucket, block-table width), captured
-lazily. Two kinds (`ModelRunner`):
+lazily. Three kinds (`ModelRunner`):
 - "sampled": the whole decode step (forward, lm_head, sampling kernel, log-probs) writing a static [2, b]
   (token, log-prob) buffer, and advancing its own static inputs to the next step, so multi-step decode replays
   it back to back without touching the inputs;
+- "steps": the engine's `decode_steps` "sampled" steps in one graph, writing [steps, 2, b]: a full multi-step
+  call is one launch (the steps share the static inputs, so the two kinds can take turns);
 - "hidden": only the model forward (embeddings, layers, final norm) writing a static [b, D] hidden-state
   buffer, for batches whose sampling cannot be captured (top-k / top-p rows sort on a host-chosen path).
 
@@ -109,7 +111,7 @@ class DecodeGraphs:
             stage = True
         if stage:
             for s, x in zip(static, inputs):
-                s[:n].copy_(x)
+                s[:n].copy_(x, non_blocking=True)  # (from pinned host memory: no sync)
             self._pad(static, n)
         graph, out = self._graphs[key]
         graph.replay()

@@ -86,11 +86,12 @@ class RolloutEngine:
         # group in one GEMV (quant.fusion); the trainer sees the same values through the views.
         self.fused_projections = fuse_projections(model)
         max_blocks = blocks_for(self.max_model_len, block_size)
-        self.runner = ModelRunner(model, self.cache, max_blocks, None)
+        self.runner = ModelRunner(model, self.cache, max_blocks, None, graph_steps=decode_steps)
         self.graphs_disabled_reason = ("cuda_graphs=False" if not cuda_graphs
                                        else capture_blocker(model, self.device, deterministic))
         if self.graphs_disabled_reason is None:
-            forwards = {"hidden": self.runner.decode_hidden, "sampled": self.runner.decode_sampled}
+            forwards = {"hidden": self.runner.decode_hidden, "sampled": self.runner.decode_sampled,
+                        "steps": self.runner.decode_sampled_steps}
             self.runner.graphs = DecodeGraphs(forwards, DecodeInputs.PADDING, max_batch_size, max_blocks, self.device)
         self._mode = _batch_invariant_mode(self.device) if deterministic else contextlib.nullcontext
         self.deterministic = deterministic

@@ -8,7 +8,13 @@ Decode runs `num_steps` tokens per call (multi-step decode): each step feeds the
 straight from the device (`DecodeInputs.advance`), and the host reads every step's tokens and log-probs once at
 the end, so the GPU does not idle while Python handles each token. On CUDA with the sampling kernel, one CUDA
 graph holds the whole step (forward, lm_head, sampling, log-probs, input advance; `cuda_graphs.py`) and the
-host only replays it. Rows with top-k / top-p (a host-chosen sort), and the CPU, sample eagerly after the forward.
+host only replays it; a call of the engine's full `decode_steps` replays one graph that holds all of its steps
+(one launch, no copy between steps). Rows with top-k / top-p (a host-chosen sort), and the CPU, sample eagerly
+after the forward.
+
+The host stages a call's inputs from pinned memory with asynchronous copies and reads its results the same way:
+a pageable copy synchronizes the stream, and the GPU idles meanwhile (bench/trace_gaps.py found such copies and
+the graph launch behind most of a batch-1 step's idle time).
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class DecodeInputs:
     def tensors(self) -> tuple[Tensor, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))
 
+    def to(self, device: torch.device) -> DecodeInputs:
+        return DecodeInputs(*(t.to(device, non_blocking=True) for t in self.tensors()))
+
     def advance(self, tokens: Tensor, block_size: int) -> None:
         """In place, on the device: the next step feeds `tokens` [B] one position further. The slot is read
         from the block table, which the scheduler filled for every step of the call (the clamp only keeps
@@ -63,10 +72,14 @@ class DecodeInputs:
         self.slots.copy_(self.block_tables.gather(1, block) * block_size + self.positions % block_size)
 
 
+MULTI_STEP_GRAPH = True  # a full call replays one graph of all its steps (False: one replay per step; benchmarks)
+
+
 class ModelRunner:
     def __init__(self, model: nn.Module, cache: PagedKVCache, max_blocks_per_seq: int,
-                 graphs: DecodeGraphs | None):
+                 graphs: DecodeGraphs | None, graph_steps: int = 1):
         self.model, self.cache, self.graphs = model, cache, graphs
+        self.graph_steps = graph_steps  # decode steps the "steps" graph holds (the engine's decode_steps)
         self.block_size = cache.block_size
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = cache.k.device
@@ -92,16 +105,27 @@ class ModelRunner:
 
     def decode_inputs(self, tokens: list[int], positions: list[int], tables: list[list[int]],
                       sampling: RowSampling) -> DecodeInputs:
+        """The call's inputs on the host (pinned when the device is a GPU, so copies to it need no sync)."""
         w = width_bucket(max(len(t) for t in tables), self.max_blocks_per_seq)
         # (numpy builds these from nested lists ~5x faster than torch.tensor: bench/engine_host.py)
         table = torch.from_numpy(np.array([t + [NULL_BLOCK] * (w - len(t)) for t in tables], dtype=np.int64))
         slots = [self._slot(t, p) for t, p in zip(tables, positions)]
-        # One host tensor, one copy to the device, for every int input.
         ints = torch.from_numpy(np.array([tokens, positions, slots, [p + 1 for p in positions], sampling.seeds,
                                           sampling.steps], dtype=np.int64))  # fmt: skip
-        ints = ints.to(self.device)
-        return DecodeInputs(ints[0, :, None], ints[1, :, None], ints[2, :, None], table.to(self.device), ints[3],
-                            sampling.temperature.to(self.device), ints[4], ints[5])
+        temperature = sampling.temperature
+        if self.device.type == "cuda":
+            table, ints, temperature = table.pin_memory(), ints.pin_memory(), temperature.pin_memory()
+        return DecodeInputs(ints[0, :, None], ints[1, :, None], ints[2, :, None], table, ints[3], temperature,
+                            ints[4], ints[5])
+
+    def _to_host(self, out: Tensor) -> Tensor:
+        """`out` on the host, once the stream has computed it (through pinned memory on a GPU)."""
+        if self.device.type != "cuda":
+            return out.cpu()
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return host
 
     @torch.no_grad()
     def decode(self, tokens: list[int], positions: list[int], tables: list[list[int]], graph_key: str | None,
@@ -111,12 +135,16 @@ class ModelRunner:
         2^24) and their log-probs. The caller drops what a sequence sampled after it stopped."""
         inputs = self.decode_inputs(tokens, positions, tables, sampling)
         b, w = inputs.block_tables.shape
-        out = torch.empty(num_steps, 2, b, device=self.device)
         graphed = self.graphs is not None and self.graphs.fits(b, w)
         if graphed and not sampling.masked and sampling_kernel(self.device) is not None:
+            if MULTI_STEP_GRAPH and num_steps == self.graph_steps > 1:
+                return self._to_host(self.graphs.run("steps", graph_key, inputs.tensors())[:, :, :b])
+            out = torch.empty(num_steps, 2, b, device=self.device)
             for i in range(num_steps):  # replays back to back: the graph advances its own inputs
                 out[i] = self.graphs.run("sampled", graph_key, inputs.tensors(), stage=i == 0)[:, :b]
-            return out.cpu()
+            return self._to_host(out)
+        inputs = inputs.to(self.device)
+        out = torch.empty(num_steps, 2, b, device=self.device)
         for i in range(num_steps):
             hidden = (self.graphs.run("hidden", graph_key, inputs.tensors())[:b] if graphed
                       else self.decode_hidden(*inputs.tensors()))
@@ -125,7 +153,7 @@ class ModelRunner:
             out[i, 0], out[i, 1] = tokens_i, sampled_logprobs(logits, tokens_i)
             inputs.advance(tokens_i, self.block_size)
             sampling = sampling.advanced()
-        return out.cpu()
+        return self._to_host(out)
 
     def decode_hidden(self, ids: Tensor, positions: Tensor, slots: Tensor, block_tables: Tensor,
                       context_lens: Tensor, *_sampling: Tensor) -> Tensor:
@@ -142,3 +170,7 @@ class ModelRunner:
         logprobs = sampled_logprobs(logits, tokens)
         inputs.advance(tokens, self.block_size)
         return torch.stack([tokens.float(), logprobs])
+
+    def decode_sampled_steps(self, *fields: Tensor) -> Tensor:
+        """`graph_steps` decode_sampled steps back to back -> [graph_steps, 2, B]: the "steps" graph's region."""
+        return torch.stack([self.decode_sampled(*fields) for _ in range(self.graph_steps)])
