@@ -103,7 +103,7 @@ class DecodeGraphs:
         shape_key = (self._bucket(n), *(tuple(x.shape[1:]) for x in inputs))
         key = (kind, slot, *shape_key)
         if shape_key not in self._inputs:
-            self._inputs[shape_key] = tuple(torch.empty((shape_key[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+            self._inputs[shape_key] = tuple(torch.empty((shape_key[0], *x.shape[1:]), dtype=x.dtype, device=self.device)
                                             for x in inputs)
         static = self._inputs[shape_key]
         if key not in self._graphs:
