@@ -2,7 +2,7 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels timeline attnwarps gaps host
-#   trigger lora ktests trace rtests graphs)
+#   trigger lora ktests trace rtests etests graphs)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -24,6 +24,8 @@ for s in $sections; do
                tests/kernels/test_gemv.py -p no:cacheprovider >"$OUT/ktests.log" 2>&1 ;;
     rtests)  timeout 200 python3 -m pytest -q -m gpu tests/rollout tests/kernels/test_gemv_lora.py -p no:cacheprovider \
                >"$OUT/rtests.log" 2>&1 ;;
+    etests)  timeout 200 python3 -m pytest -q -m gpu tests/rollout tests/integration tests/kernels/test_sample.py \
+               tests/kernels/test_gemv_lora.py -p no:cacheprovider >"$OUT/etests.log" 2>&1 ;;
     graphs)  for v in "--decode-steps 8 --one-graph-per-step" "--decode-steps 8" "--decode-steps 16"; do echo "== $v"
                timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 \
                --prompt-len 512 --batches 1 4 16 --no-hf $v; done >"$OUT/graphs.log" 2>&1 ;;
@@ -54,7 +56,7 @@ for s in $sections; do
   echo "== $s: exit $? in $(( $(date +%s) - start ))s"
 done
 echo "== summaries"
-grep -E "passed|failed|FAILED|Error" "$OUT/ktests.log" "$OUT/rtests.log" 2>/dev/null | tail -8
+grep -E "passed|failed|FAILED|Error" "$OUT/ktests.log" "$OUT/rtests.log" "$OUT/etests.log" 2>/dev/null | tail -8
 grep -E "^== |^qwen" "$OUT/graphs.log" 2>/dev/null
 grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" 2>/dev/null | tail -12
 grep -E "^\[profile\] batch|^qwen|roof|HF|dlogprob" "$OUT/rollout.log" 2>/dev/null | tail -24

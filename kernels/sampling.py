@@ -6,6 +6,11 @@ argmax_v (logit_v / T - log E_v) (the normalizer of p shifts every score alike).
 draws depend only on (seed, step): not on its batch, its row, or a preemption in between, and no per-row
 generator launch is needed. Temperature 0 takes the plain argmax. Ties go to the lowest index, as in
 torch.argmax. Rows that need top-k / top-p are masked (-inf) by the caller first.
+
+With `logprobs=True` the same pass also returns log p(token) of the *untempered* logits: each chunk program keeps
+its share of the row's logsumexp (max, sum of exp), and the launch that picks the winning chunk folds them in
+chunk order. At batch 1 this replaces ~12 launches of torch's logsumexp, gather and argmax (~35 us of a 1 ms
+decode step, bench/trace_gaps.py); the sums run in another order than torch's, an fp32 rounding difference.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ _GOLDEN = tl.constexpr(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: spr
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, step_ptr, best_ptr, idx_ptr, n_chunks,
-                   CHUNK: tl.constexpr, PDL: tl.constexpr):
-    """The best (score, index) of one row's vocabulary chunk; ties keep the lowest index."""
+def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, step_ptr, best_ptr, idx_ptr, m_ptr, s_ptr, n_chunks,
+                   CHUNK: tl.constexpr, LOGPROBS: tl.constexpr, PDL: tl.constexpr):
+    """The best (score, index) of one row's vocabulary chunk, ties keeping the lowest index; with LOGPROBS also
+    the chunk's max and sum of exp(logit - max) of the untempered logits."""
     wait_for_producers(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -42,11 +48,43 @@ def _sample_kernel(logits_ptr, stride, V, temp_ptr, seed_ptr, step_ptr, best_ptr
     first = tl.min(tl.where(score == top, cols, 2147483647), axis=0)
     tl.store(best_ptr + row * n_chunks + chunk, top)
     tl.store(idx_ptr + row * n_chunks + chunk, first)
+    if LOGPROBS:
+        xs = tl.where(ok, x, float("-inf"))
+        m = tl.max(xs, axis=0)
+        safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk: sum 0, not NaN
+        tl.store(m_ptr + row * n_chunks + chunk, m)
+        tl.store(s_ptr + row * n_chunks + chunk, tl.sum(tl.exp(xs - safe), axis=0))
 
 
-def sample(logits: Tensor, temperature: Tensor, seeds: Tensor, steps: Tensor) -> Tensor:
+@triton.jit
+def _finish_kernel(logits_ptr, stride, best_ptr, idx_ptr, m_ptr, s_ptr, tok_ptr, lp_ptr, n_chunks,
+                   BLOCK: tl.constexpr, LOGPROBS: tl.constexpr, PDL: tl.constexpr):
+    """Row r's token: the index of the first chunk with the best score (chunks are in index order, so ties still
+    go to the lowest index; an all -inf row takes index 0); with LOGPROBS its log-prob, logit - logsumexp."""
+    wait_for_producers(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    ok = c < n_chunks
+    best = tl.load(best_ptr + row * n_chunks + c, mask=ok, other=float("-inf"))
+    top = tl.max(best, axis=0)
+    won = tl.min(tl.where(ok & (best == top), c, BLOCK), axis=0)
+    tok = tl.load(idx_ptr + row * n_chunks + won).to(tl.int64)
+    tl.store(tok_ptr + row, tok)
+    if LOGPROBS:
+        m = tl.load(m_ptr + row * n_chunks + c, mask=ok, other=float("-inf"))
+        s = tl.load(s_ptr + row * n_chunks + c, mask=ok, other=0.0)
+        big = tl.max(m, axis=0)
+        safe = tl.where(big == float("-inf"), 0.0, big)
+        lse = safe + tl.log(tl.sum(s * tl.exp(m - safe), axis=0))
+        x = tl.load(logits_ptr + row * stride + tok).to(tl.float32)
+        tl.store(lp_ptr + row, x - lse)
+
+
+def sample(logits: Tensor, temperature: Tensor, seeds: Tensor, steps: Tensor,
+           logprobs: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """logits [B, V] (any float dtype, untempered, -inf for masked tokens); temperature [B] float (0 =
-    greedy); seeds [B] int64; steps [B] int64 (the row's draw number). -> tokens [B] int64."""
+    greedy); seeds [B] int64; steps [B] int64 (the row's draw number). -> tokens [B] int64, and with
+    `logprobs` also [B] fp32 log-softmax of the logits (in fp32, untempered) at each token."""
     b, v = logits.shape
     dev = logits.device
     for name, t in (("temperature", temperature), ("seeds", seeds), ("steps", steps)):
@@ -54,16 +92,20 @@ def sample(logits: Tensor, temperature: Tensor, seeds: Tensor, steps: Tensor) ->
             raise ValueError(f"{name} must be a [{b}] tensor on {dev}, got {tuple(t.shape)} on {t.device}")
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
+    tokens = torch.empty(b, dtype=torch.int64, device=dev)
+    lp = torch.empty(b if logprobs else 0, dtype=torch.float32, device=dev)
     if b == 0:
-        return torch.empty(0, dtype=torch.int64, device=dev)
+        return (tokens, lp) if logprobs else tokens
     chunk = min(_CHUNK, triton.next_power_of_2(v))
     n_chunks = triton.cdiv(v, chunk)
-    best = torch.empty((b, n_chunks), dtype=torch.float32, device=dev)
+    part = torch.empty((4 if logprobs else 2, b, n_chunks), dtype=torch.float32, device=dev)
+    best, m, s = part[0], part[-2], part[-1]
     idx = torch.empty((b, n_chunks), dtype=torch.int32, device=dev)
     pdl = use_pdl(logits.device)
     _sample_kernel[(b, n_chunks)](logits, logits.stride(0), v, temperature.float(), seeds.long(), steps.long(), best,
-                                  idx, n_chunks, CHUNK=chunk, PDL=pdl, launch_pdl=pdl, num_warps=4)
-    # Chunks are in index order and argmax keeps the first maximum, so ties still go to the lowest index. A row
-    # of all -inf picks chunk 0's first entry, index 0.
-    won = best.argmax(dim=-1, keepdim=True)
-    return idx.gather(1, won)[:, 0].long()
+                                  idx, m, s, n_chunks, CHUNK=chunk, LOGPROBS=logprobs, PDL=pdl, launch_pdl=pdl,
+                                  num_warps=4)  # fmt: skip
+    _finish_kernel[(b,)](logits, logits.stride(0), best, idx, m, s, tokens, lp, n_chunks,
+                         BLOCK=triton.next_power_of_2(n_chunks), LOGPROBS=logprobs, PDL=pdl, launch_pdl=pdl,
+                         num_warps=1)  # fmt: skip
+    return (tokens, lp) if logprobs else tokens

@@ -82,3 +82,25 @@ def test_binomial_bound_is_meaningful():
     p = (logits[0].double() / 1.5).softmax(-1)
     assert not ((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-3).all()
     assert math.isfinite(freq.sum().item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_are_the_untempered_log_softmax_at_the_drawn_tokens(device, dtype):
+    """logprobs=True draws the same tokens and adds log-softmax(logits in fp32)[token], checked against fp64.
+    Bound: the fp32 sums are trees (Triton reductions) of <= 2048 terms per chunk, then of the chunks, each exp /
+    log adding an ulp: under 32 * 2^-24 relative to 1 + |logsumexp| (rows of 5000: three chunks, one partial;
+    masked -inf entries, a greedy row and a tempered one)."""
+    g = torch.Generator().manual_seed(4)
+    logits = (torch.randn(3, 5000, generator=g) * 4).to(dtype)
+    logits[1, ::7] = float("-inf")
+    temp = torch.tensor([0.0, 0.7, 1.3], device=device)
+    seeds, steps = torch.tensor([1, 2, 3], device=device), torch.tensor([5, 6, 7], device=device)
+    x = logits.to(device)
+    tok, lp = kernels.sample(x, temp, seeds, steps, logprobs=True)
+    assert torch.equal(tok, kernels.sample(x, temp, seeds, steps))
+    ref = logits.double().log_softmax(-1)
+    want = ref.gather(1, tok.cpu()[:, None])[:, 0]
+    lse = logits.double().logsumexp(-1)
+    assert lp.dtype == torch.float32 and lp.shape == (3,)
+    assert ((lp.cpu().double() - want).abs() <= 32 * 2.0**-24 * (1 + lse.abs())).all(), (lp, want)

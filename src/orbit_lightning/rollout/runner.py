@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..models import invariant
 from .blocks import NULL_BLOCK, NULL_SLOT
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import PagedAttention, PagedKVCache
@@ -165,9 +166,14 @@ class ModelRunner:
         """One whole decode step on DecodeInputs' fields, advancing them in place -> [2, B] fp32 (token id,
         log-prob): the region a sampled decode graph captures (no host sync, no host-chosen path)."""
         inputs = DecodeInputs(*fields)
-        logits = self.model.lm_head(self.decode_hidden(*fields)).float()
-        tokens = sampling_kernel(self.device)(logits, inputs.temperature, inputs.seeds, inputs.steps)
-        logprobs = sampled_logprobs(logits, tokens)
+        logits = self.model.lm_head(self.decode_hidden(*fields))
+        sample = sampling_kernel(self.device)
+        if invariant.active():  # the trainer's own logsumexp kernel: the recorded log-probs are its bits
+            logits = logits.float()
+            tokens = sample(logits, inputs.temperature, inputs.seeds, inputs.steps)
+            logprobs = sampled_logprobs(logits, tokens)
+        else:  # one pass over the logits draws and scores (fp32 sums in another order than torch's logsumexp)
+            tokens, logprobs = sample(logits, inputs.temperature, inputs.seeds, inputs.steps, logprobs=True)
         inputs.advance(tokens, self.block_size)
         return torch.stack([tokens.float(), logprobs])
 

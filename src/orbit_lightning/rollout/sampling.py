@@ -8,7 +8,10 @@ two devices therefore draw different (equally distributed) samples for the same 
 
 Log-probs are those of the *untempered* fp32 distribution, computed by the trainer's own function
 (`models.logprobs.logprobs_from_hidden`): temperature, top-k and top-p shape only the sampling distribution.
-The trainer's importance ratios compare against exactly this quantity.
+The trainer's importance ratios compare against exactly this quantity. One exception, for speed: a CUDA-graphed
+decode step in fast mode takes the log-prob from the sampling kernel's own pass over the logits
+(`kernels.sample(..., logprobs=True)`), the same quantity with its fp32 sums in another order (a rounding
+difference, as between torch's reductions at two batch shapes). Batch-invariant mode always uses the trainer's.
 """
 
 from __future__ import annotations
