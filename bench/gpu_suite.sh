@@ -30,8 +30,9 @@ for s in $sections; do
                timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 \
                --prompt-len 512 --batches 1 4 16 --no-hf $v; done >"$OUT/graphs.log" 2>&1 ;;
     tests)   timeout 280 python3 -m pytest -q -m gpu tests -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
+    # (no --profile here: steps after a torch.profiler session ran ~8 % slower at batch 1; the trace section profiles)
     rollout) timeout 330 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 \
-               --batches 1 16 64 256 --profile 8 --hf-max-batch 64 >"$OUT/rollout.log" 2>&1 ;;
+               --batches 1 16 64 256 --hf-max-batch 64 >"$OUT/rollout.log" 2>&1 ;;
     rlstep)  for det in "" --deterministic; do timeout 100 python3 bench/rl_step.py --shape qwen3-1.7b --prompts 8 \
                --gens 8 --new-tokens 256 --steps 4 $det; done >"$OUT/rl_step.log" 2>&1 ;;
     default) timeout 130 python3 -m orbit_lightning.cli model.device=cuda trainer.max_steps=200 trainer.eval_every=50 \
