@@ -24,7 +24,7 @@ import torch
 from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import TILE_K, sm_count
 from orbit_lightning.kernels.formats import resolve
-from orbit_lightning.kernels.gemv_lora import SLICE, SLICE_ONE_ROW, LoraDelta
+from orbit_lightning.kernels.gemv_lora import SLICE_ONE_ROW, LoraDelta, rank_slices
 from orbit_lightning.kernels.gemv_mma import warps_for
 from orbit_lightning.kernels.timeline import CYCLES, ENTRY_NS, EXIT_NS, SLOTS
 
@@ -59,9 +59,9 @@ def one_run(x, w, cfg, delta, flush, hz) -> dict:
     exit_ = (st[:, EXIT_NS] - t0) / 1e3
     n_rank = 0
     if delta is not None:
-        n_rank = len(delta.a) * -(-x.shape[1] // (SLICE_ONE_ROW if x.shape[0] == 1 else SLICE))
-        if cfg.mma:  # wider slices, one per warp of its programs (gemv_mma.py)
-            n_rank = len(delta.a) * -(-x.shape[1] // (TILE_K * warps_for(cfg, w.n, x.shape[1], sm_count(x.device))))
+        # (the mma kernel's rank programs take one slice per warp of its programs: gemv_mma.py)
+        one_row = TILE_K * warps_for(cfg, w.n, x.shape[1], sm_count(x.device)) if cfg.mma else SLICE_ONE_ROW
+        n_rank = len(delta.a) * rank_slices(x.shape[0], x.shape[1], one_row)
     weights = slice(n_rank, None)
     loop_cycles = st[weights, CYCLES + 2] - st[weights, CYCLES]  # slot 5: the loop's end (the pointer kernel only)
     loop = start[weights] + torch.where(st[weights, CYCLES + 2] > 0, loop_cycles / hz * 1e6, float("nan"))

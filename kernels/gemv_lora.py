@@ -99,6 +99,11 @@ def lora_state(device: torch.device) -> Tensor:
     return stream_buffer("lora_state", device, STATE_WORDS, torch.int64)
 
 
+def rank_slices(m: int, k: int, slice_one_row: int = SLICE_ONE_ROW) -> int:
+    """Rank programs per adapter for x [m, k]: K slices of slice_one_row at M = 1, of SLICE otherwise."""
+    return triton.cdiv(k, slice_one_row if m == 1 else SLICE)
+
+
 def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: torch.device,
               slice_one_row: int = SLICE_ONE_ROW) -> LoraArgs:
     """Kernel arguments for `delta` (checked by `fits`) for M = m rows under a GEMV config of block_m (<= 16)
@@ -112,7 +117,7 @@ def lora_args(delta: LoraDelta, m: int, block_m: int, counters: Tensor, device: 
     pad = MAX_SEGMENTS - g
     starts = _starts(b)[1:g] + [1 << 30] * pad  # adapters 1 and 2's first rows; absent ones start past any row
     br = max(16, triton.next_power_of_2(r))
-    slices = triton.cdiv(k, slice_one_row if m == 1 else SLICE)
+    slices = rank_slices(m, k, slice_one_row)
     partials = torch.empty((g, slices, block_m, br), dtype=torch.float32, device=device)
     args = (*a, *a[:1] * pad, *b, *b[:1] * pad, *map(float, delta.scale), *[0.0] * pad, *starts, r, slices,
             partials, lora_state(device), counters)  # fmt: skip
