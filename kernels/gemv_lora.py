@@ -18,8 +18,8 @@ needs re-arming (a counted atomic at every program's exit, the last one clearing
 read whole, so each word shows its own readiness: one round trip. The tag is the launch's epoch plus one, from a
 per-stream state word (epoch << 32 | programs arrived): every program adds 1 after its PDL wait (which returns
 the epoch off the critical path), and the launch's last arrival advances the epoch and clears the count. All
-programs of a launch read one epoch, since it advances only once all have arrived, and the state's t words only
-ever hold tags of earlier launches.
+programs of a launch read one epoch, since it advances only once all have arrived, and until a launch writes
+them the state's t words hold earlier launches' tags only.
 
 The wait is safe because the rank programs come first in the grid: a GPU dispatches programs in linear order,
 so a waiting weight program implies every rank program is running or done (the forward-progress assumption of

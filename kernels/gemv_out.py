@@ -107,7 +107,7 @@ def launch_args(
     slice_one_row: int = SLICE_ONE_ROW,
 ) -> Launch:
     """The Launch for x [M, K] @ W^T [N] over `tile_programs` weight programs. counters() returns the zeroed
-    int32 counters the LoRA flags need (called only with lora); stamps: timeline.SLOTS int64 per program;
+    int32 counters the LoRA slice tickets need (called only with lora); stamps: timeline.SLOTS int64 per program;
     slice_one_row: K per rank program at M = 1 (gemv_lora.lora_args)."""
     i32, f32, i64 = placeholders(x.device)
     if lora is None:  # typed placeholders: Triton compiles the (never taken) rank branch even without LORA
