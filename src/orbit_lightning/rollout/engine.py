@@ -49,8 +49,9 @@ class RolloutEngine:
       (`cuda_graphs.capture_blocker` names what stops one, e.g. experts in a format the kernels do not read).
     - `decode_steps` (default 8 on CUDA, 1 elsewhere): tokens each running sequence decodes per engine step,
       fed back on the device, with one host read at the end (multi-step decode: Python's per-token work no
-      longer idles the GPU). A sequence that stops inside a step keeps only its tokens up to the stop; the rest
-      was wasted work. New requests join, and adapter versions switch, between engine steps.
+      longer idles the GPU; with CUDA graphs the whole engine step is one graph launch). A sequence that stops
+      inside a step keeps only its tokens up to the stop; the rest was wasted work. New requests join, and
+      adapter versions switch, between engine steps.
     - `adapter_policy`: "finish" (in-flight sequences finish on their version) or "switch"; see adapter_slots.
     - `deterministic=True` runs every forward and the recorded log-probs in batch-invariant mode
       (`orbit_lightning.models.invariant.invariant_mode`), so a row's numbers do not depend on its batch: on
