@@ -151,6 +151,8 @@ def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
 # Kernels decorated while TRITON_INTERPRET=1 was set run on the CPU through Triton's interpreter.
 INTERPRETED = type(_dense_kernel).__name__ == "InterpretedFunction"
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 def _tickets(device: torch.device, n: int) -> Tensor:
     """Zeroed int32 split-K tickets, one buffer per (device, stream); each kernel re-zeroes what it used."""
     return stream_buffer("tickets", device, max(n, 1024), torch.int32)

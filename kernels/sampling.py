@@ -98,8 +98,9 @@ def sample(logits: Tensor, temperature: Tensor, seeds: Tensor, steps: Tensor,
         return (tokens, lp) if logprobs else tokens
     chunk = min(_CHUNK, triton.next_power_of_2(v))
     n_chunks = triton.cdiv(v, chunk)
-    part = torch.empty((4 if logprobs else 2, b, n_chunks), dtype=torch.float32, device=dev)
-    best, m, s = part[0], part[-2], part[-1]
+    part = torch.empty((3 if logprobs else 1, b, n_chunks), dtype=torch.float32, device=dev)
+    best = part[0]
+    m, s = (part[1], part[2]) if logprobs else (best, best)  # (never written or read without LOGPROBS)
     idx = torch.empty((b, n_chunks), dtype=torch.int32, device=dev)
     pdl = use_pdl(logits.device)
     _sample_kernel[(b, n_chunks)](logits, logits.stride(0), v, temperature.float(), seeds.long(), steps.long(), best,
