@@ -78,6 +78,8 @@ def parse_args() -> argparse.Namespace:
     if a.smoke:
         a.presets, a.batches, a.prompt_len, a.new_tokens = ["tiny-qwen3", "tiny-qwen3-moe"], [1, 4], 16, 8
         a.device, a.dtype, a.lora_r, a.logprob_samples = "cpu", "float32", 4, 2
+    if a.trace and not a.profile:
+        ap.error("--trace writes the profiled steps' trace: give --profile STEPS too")
     a.override = {k: int(v) for k, v in (o.split("=", 1) for o in a.override)}
     a.dtype = getattr(torch, a.dtype)
     if a.gather_attention:
