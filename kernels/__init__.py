@@ -16,6 +16,7 @@ imported: `TRITON_INTERPRET=1` in the environment (tests/kernels/conftest.py set
 from .activation import silu_mul
 from .attention import attention, paged_attention
 from .configs import TileConfig
+from .decode_advance import advance_decode
 from .dequant_weight import dequantize
 from .formats import FORMATS, supports
 from .gemv_lora import LoraDelta
@@ -40,6 +41,7 @@ from .sampling import sample
 
 __all__ = [
     "FORMATS",
+    "advance_decode",
     "LoraDelta",
     "TileConfig",
     "attention",

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models import invariant
+from ..triton_kernels import kernels_module
 from .blocks import NULL_BLOCK, NULL_SLOT
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import PagedAttention, PagedKVCache
@@ -174,8 +175,10 @@ class ModelRunner:
             logprobs = sampled_logprobs(logits, tokens)
         else:  # one pass over the logits draws and scores (fp32 sums in another order than torch's logsumexp)
             tokens, logprobs = sample(logits, inputs.temperature, inputs.seeds, inputs.steps, logprobs=True)
-        inputs.advance(tokens, self.block_size)
-        return torch.stack([tokens.float(), logprobs])
+        # DecodeInputs.advance and the [2, B] record in one launch (kernels/decode_advance.py)
+        return kernels_module().advance_decode(tokens, logprobs, inputs.ids, inputs.positions, inputs.slots,
+                                               inputs.block_tables, inputs.context_lens, inputs.steps,
+                                               self.block_size)  # fmt: skip
 
     def decode_sampled_steps(self, *fields: Tensor) -> Tensor:
         """`graph_steps` decode_sampled steps back to back -> [graph_steps, 2, B]: the "steps" graph's region."""
