@@ -51,7 +51,7 @@ def build_model(spec: ModelSpec, adapter: AdapterSpec | None):
 
     for m in model.modules():
         if isinstance(m, Experts):  # packed experts too (QuantExperts subclasses it)
-            m.chunk = spec.expert_chunk
+            m.chunk, m.chunk_mib = spec.expert_chunk, spec.expert_chunk_mib
     if adapter is not None:
         add_adapter(model, peft_config(adapter))
     return model

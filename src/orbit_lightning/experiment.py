@@ -16,7 +16,8 @@ class ModelSpec:
     quant: str | None = "int4"  # int4 | int4-g64 | int4-g128 | fp8 | mxfp4 | nvfp4 | nf4 | null (no packing)
     dtype: str = "float32"  # compute dtype of activations, dequantized tiles and the adapter
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    expert_chunk: int = 4  # active experts dequantized at a time
+    expert_chunk: int = 0  # active experts dequantized per grouped call (large batches); 0: what expert_chunk_mib holds
+    expert_chunk_mib: int = 1024  # the transient dequantized expert weights of one chunk
     overrides: dict[str, Any] = field(default_factory=dict)  # config.json keys (e.g. num_hidden_layers for presets)
 
 
@@ -132,5 +133,8 @@ class ExperimentConfig:
             raise ValueError(f"logger.kind={self.logger.kind!r} must be csv, tensorboard or wandb")
         if self.strategy.name not in ("colocated", "dedicated"):
             raise ValueError(f"strategy.name={self.strategy.name!r} must be 'colocated' or 'dedicated'")
+        if self.model.expert_chunk < 0 or self.model.expert_chunk_mib < 1:
+            raise ValueError(f"model.expert_chunk must be >= 0 (0: as many as fit) and model.expert_chunk_mib >= 1, "
+                             f"got {self.model.expert_chunk} and {self.model.expert_chunk_mib}")
         for c in (self.algo, self.optim, self.rollout, self.trainer):
             c.validate()

@@ -13,4 +13,20 @@ def test_expert_chunk_reaches_every_experts_module(quant):
     cfg, _ = compose([*TINY, f"quant={quant}", "model.expert_chunk=3"])
     model = build_model(cfg.model, cfg.adapter)
     experts = [m for m in model.modules() if isinstance(m, Experts)]
-    assert experts and all(m.chunk == 3 for m in experts)
+    assert experts and all(m.chunk == 3 and m.experts_per_chunk() == 3 for m in experts)
+
+
+@pytest.mark.parametrize("quant", ["int4", "none"])
+def test_expert_chunk_by_default_holds_what_the_budget_allows(quant):
+    cfg, _ = compose([*TINY, f"quant={quant}", "model.expert_chunk_mib=1"])
+    model = build_model(cfg.model, cfg.adapter)
+    experts = [m for m in model.modules() if isinstance(m, Experts)]
+    assert experts
+    for m in experts:  # one projection's weights of a chunk, in the dtype the chunk materializes, fit 1 MiB
+        per_expert = m.hidden * m.intermediate * m.transient_dtype.itemsize
+        assert m.chunk == 0 and m.experts_per_chunk() == max(1, (1 << 20) // per_expert)
+
+
+def test_bad_expert_chunk_is_a_clear_error():
+    with pytest.raises(ValueError, match="model.expert_chunk must be >= 0"):
+        compose([*TINY, "model.expert_chunk=-1"])

@@ -54,7 +54,7 @@ def test_device_groups_equal_host_chunks_plain(name, chunk):
 def test_plain_experts_take_device_groups_where_torch_has_grouped_gemm():
     experts = random_experts()
     cpu_ok = torch_grouped_mm_blocker(torch.float32, (I, D), torch.device("cpu")) is None
-    assert experts.chunk_size(10, torch.device("cpu")) == (None if cpu_ok else experts.chunk)
+    assert experts.chunk_size(10, torch.device("cpu")) == (None if cpu_ok else experts.experts_per_chunk())
     assert "bf16" in experts.device_groups_blocker(torch.device("cuda"))  # fp32 on CUDA: host-sized chunks
 
 
@@ -122,6 +122,13 @@ def test_grouped_mm_paths_agree_with_empty_groups():
     active = [i for i, s in enumerate(sizes) if s]
     chunk = ExpertGroups.chunk(active, [sizes[i] for i in active], x.device)
     assert torch.equal(grouped_mm(x, chunk.select(w), chunk), grouped_mm(x, w, device))
+    # The chunked MoE path's plan: active experts two at a time, all offsets and ids in one upload.
+    plan = ExpertGroups.chunks(sizes, 2, x.device)
+    assert [(a, b, g.ids.tolist(), g.offsets.tolist(), g.sizes) for a, b, g in plan] == [
+        (0, 8, [0, 3], [0, 3, 8], [3, 5]), (8, 9, [4], [0, 1], [1])]  # fmt: skip
+    pieces = torch.cat([grouped_mm(x[a:b], g.select(w), g) for a, b, g in plan])
+    assert torch.equal(pieces, grouped_mm(x, w, device))
+    assert ExpertGroups.chunks([0, 0], 2, x.device) == []
 
 
 @pytest.mark.parametrize("name", sorted(ROUTINGS))

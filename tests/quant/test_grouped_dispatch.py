@@ -65,12 +65,12 @@ def test_device_groups_hand_the_kernel_offsets_over_all_experts(monkeypatch):
 def test_path_choice_and_reasons():
     q = _packed()
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert q.chunk_size(4, cpu) == q.chunk  # the fused kernel is a CUDA path
+    assert q.chunk_size(4, cpu) == q.experts_per_chunk()  # the fused kernel is a CUDA path
     assert "CUDA" in q.device_groups_blocker(cpu)
     nf4 = QuantExperts(E, 64, 64, "nf4")
     assert "format nf4" in nf4.device_groups_blocker(cuda)
-    assert nf4.chunk_size(4, cuda) == nf4.chunk
+    assert nf4.chunk_size(4, cuda) == nf4.experts_per_chunk()
     if torch.cuda.is_available():
         assert q.device_groups_blocker(cuda) is None
         assert q.chunk_size(16, cuda) is None  # decode: few rows per expert
-        assert q.chunk_size(64 * E + 1, cuda) == q.chunk  # many rows: chunked dequant + grouped GEMM
+        assert q.chunk_size(64 * E + 1, cuda) == q.experts_per_chunk()  # many rows: chunked dequant + grouped GEMM

@@ -4,8 +4,10 @@ Routed experts are stacked [E, N, K] per projection; (token, slot) pairs are sor
 routed to. `dispatch_experts` is the single MoE path, with two ways to split the rows (see quant.grouped):
 - device groups: one grouped call per projection over all experts, on device offsets [E+1]; no host sync, so
   decode can be captured in a CUDA graph. Taken whenever the experts' `linear` can (`chunk_size` is None).
-- chunk groups: the host reads the group sizes and runs `chunk` active experts per grouped call, which bounds
-  the transient weights of paths that materialize them (dequantized packed experts on large batches).
+- chunk groups: the host reads the group sizes (one sync, one upload of every chunk's offsets) and runs a chunk of
+  active experts per grouped call, which bounds the transient weights of paths that materialize them (dequantized
+  packed experts on large batches) to `chunk_mib`. Chunks are as large as that allows: each costs ~90 us of host
+  time (bench/moe_paths.py: chunks of 4 Qwen3-30B-A3B experts ran 5-20x slower than one grouped call).
 The combine is deterministic on both. Subclasses (quantized experts, expert LoRA) change only `linear` and the
 choice of path.
 """
@@ -24,7 +26,7 @@ from . import invariant
 from .config import ModelConfig
 from .layers import MLP, silu_mul
 
-DEFAULT_EXPERT_CHUNK = 4
+DEFAULT_CHUNK_MIB = 1024  # transient dequantized expert weights per chunked grouped call
 
 
 class SoftmaxRouter(nn.Module):
@@ -77,11 +79,23 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
-        self.num_experts = num_experts
+        self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
         self.gate_proj = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.up_proj = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
-        self.chunk = DEFAULT_EXPERT_CHUNK
+        self.chunk, self.chunk_mib = 0, DEFAULT_CHUNK_MIB  # experts per chunk: `chunk` if > 0, else what fits
+
+    @property
+    def transient_dtype(self) -> torch.dtype:
+        """The dtype of the weights a chunk materializes."""
+        return self.gate_proj.dtype
+
+    def experts_per_chunk(self) -> int:
+        """`chunk`, or as many experts as one projection of `chunk_mib` MiB holds (at least one)."""
+        if self.chunk > 0:
+            return self.chunk
+        per_expert = self.hidden * self.intermediate * self.transient_dtype.itemsize
+        return max(1, (self.chunk_mib << 20) // per_expert)
 
     def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor:
         """x [M, K] rows sorted by expert, split as `groups` says -> [M, N]."""
@@ -97,7 +111,7 @@ class Experts(nn.Module):
     def chunk_size(self, rows: int, device: torch.device) -> int | None:
         """None: device groups for `rows` routed rows; else experts per chunk. Plain weights are never
         materialized, so device groups whenever torch's grouped GEMM takes them."""
-        return None if self.device_groups_blocker(device) is None else self.chunk
+        return None if self.device_groups_blocker(device) is None else self.experts_per_chunk()
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
         return dispatch_experts(x, topk_ids, topk_w, self)
@@ -172,15 +186,10 @@ def _expert_mlp(experts: GroupedExperts, rows: Tensor, groups: ExpertGroups) -> 
 
 def _chunked_mlp(experts: GroupedExperts, xs: Tensor, offsets: Tensor, chunk: int) -> Tensor:
     """Active experts `chunk` at a time, on group sizes read by the host (the sync the device groups avoid)."""
-    counts = offsets.diff().tolist()
-    active = [e for e, c in enumerate(counts) if c]
-    outs, start = [], 0
-    for i in range(0, len(active), chunk):
-        ids = active[i : i + chunk]
-        sizes = [counts[e] for e in ids]
-        rows = xs[start : start + sum(sizes)]
-        start += sum(sizes)
-        outs.append(_expert_mlp(experts, rows, ExpertGroups.chunk(ids, sizes, xs.device)))
+    outs = [_expert_mlp(experts, xs[start:end], groups)
+            for start, end, groups in ExpertGroups.chunks(offsets.diff().tolist(), chunk, xs.device)]  # fmt: skip
+    if len(outs) == 1:
+        return outs[0]
     return torch.cat(outs) if outs else xs.new_zeros(0, xs.shape[-1])
 
 

@@ -44,11 +44,15 @@ class QuantExperts(Experts):
         self.fmt = get_format(fmt) if isinstance(fmt, str) else fmt
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
         self.compute_dtype = dtype
-        from ..models.moe import DEFAULT_EXPERT_CHUNK
+        from ..models.moe import DEFAULT_CHUNK_MIB
 
-        self.chunk = DEFAULT_EXPERT_CHUNK
+        self.chunk, self.chunk_mib = 0, DEFAULT_CHUNK_MIB
         for proj in self.PROJECTIONS:
             register_packed(self, self.fmt, self.proj_shape(proj), prefix=f"{proj}_")
+
+    @property
+    def transient_dtype(self) -> torch.dtype:
+        return self.compute_dtype
 
     def proj_shape(self, proj: str) -> tuple[int, int, int]:
         e, d, i = self.num_experts, self.hidden, self.intermediate
@@ -68,7 +72,7 @@ class QuantExperts(Experts):
         grouped GEMM, which bounds the transient BF16 weights."""
         from .dispatch import fused_grouped
 
-        return None if fused_grouped(self.fmt, rows, self.num_experts, device) else self.chunk
+        return None if fused_grouped(self.fmt, rows, self.num_experts, device) else self.experts_per_chunk()
 
     def device_groups_blocker(self, device: torch.device, invariant: bool = False) -> str | None:
         from .dispatch import fused_grouped_blocker
@@ -87,7 +91,7 @@ class QuantExperts(Experts):
         e, i, d = experts.gate_proj.shape
         dtype = experts.gate_proj.dtype
         q = cls(e, d, i, fmt, dtype=dtype).to(experts.gate_proj.device)
-        q.chunk = experts.chunk
+        q.chunk, q.chunk_mib = experts.chunk, experts.chunk_mib
         if experts.gate_proj.device.type != "meta":
             for proj in cls.PROJECTIONS:
                 w = getattr(experts, proj).detach()
