@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (smoke tests)")
     ap.add_argument("--quant", default="int4")
+    ap.add_argument("--expert-chunk", type=int, default=None,
+                    help="routed experts per dequantized chunk (model.expert_chunk; default: what 1 GiB holds)")
     ap.add_argument("--deterministic", action="store_true",
                     help="batch-invariant mode in the engine and the trainer (rollout.deterministic)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -52,6 +54,12 @@ def main() -> None:
     over = {"num_hidden_layers": args.layers} if args.layers else {}
     t0 = time.perf_counter()
     model = load_model(args.shape, quant=args.quant, dtype=dtype, device=dev, **over)
+    if args.expert_chunk is not None:
+        from orbit_lightning.models.moe import Experts
+
+        for m in model.modules():
+            if isinstance(m, Experts):
+                m.chunk = args.expert_chunk
     add_adapter(model, peft.LoraConfig(r=32, lora_alpha=64, target_modules="all-linear"))
     load_s = time.perf_counter() - t0
     vocab = model.config.vocab_size
@@ -119,8 +127,9 @@ def main() -> None:
         "logprob_diff_abs_max": max(d["rollout/logprob_diff_abs_max"] for d in diffs),
     }
     mode = "deterministic " if args.deterministic else ""
-    print(f"{mode}{args.shape} x{result['layers']}L {args.quant} P={args.prompts} G={args.gens} L={args.new_tokens}: "
-          f"step {result['step_s_median']:.2f}s")
+    chunk = f" expert_chunk={args.expert_chunk}" if args.expert_chunk is not None else ""
+    print(f"{mode}{args.shape} x{result['layers']}L {args.quant}{chunk} P={args.prompts} G={args.gens} "
+          f"L={args.new_tokens}: step {result['step_s_median']:.2f}s")
     for p in phases:
         print(f"  {p:<13} {result['phase_s_median'][p]:8.3f}s  peak {result['peak_bytes'][p] / 2**30:7.2f} GiB")
     print(f"  rollout throughput {result['gen_tokens_per_s']:.0f} tok/s; train-rollout |dlogprob| mean "
