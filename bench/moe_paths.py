@@ -24,6 +24,7 @@ import importlib.util
 import itertools
 import os
 import sys
+import time
 from functools import partial
 
 import torch
@@ -37,7 +38,7 @@ from orbit_lightning.quant.grouped import ExpertGroups
 _spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(os.path.dirname(__file__), "kernels.py"))
 bk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bk)
-GROUPED_MM, randn, us = bk.GROUPED_MM, bk.randn, bk.us
+GROUPED_MM, randn, us, graph_us = bk.GROUPED_MM, bk.randn, bk.us, bk.graph_us
 
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768  # Qwen3-30B-A3B
 PROJECTIONS = {"gate": ("gate_proj", INTER), "gate_up": ("gate_proj", 2 * INTER), "down": ("down_proj", INTER)}
@@ -47,6 +48,23 @@ def chunked(a, experts, proj, counts, chunk, dx):
     """The model's loop (models.moe._chunked_mlp), one projection."""
     fn = dequant_grouped_dx if dx else dequant_grouped
     return [fn(a[r0:r1], experts, proj, groups) for r0, r1, groups in ExpertGroups.chunks(counts, chunk, a.device)]
+
+
+def planned(a, experts, proj, plan, dx):
+    """chunked on a plan made beforehand (so a CUDA graph can hold the loop: GPU time without the host's)."""
+    fn = dequant_grouped_dx if dx else dequant_grouped
+    return [fn(a[r0:r1], experts, proj, groups) for r0, r1, groups in plan]
+
+
+def host_us(fn, *args, calls: int = 20, **kwargs) -> float:
+    """Host time per call of fn (the launches queue up; the GPU is not waited for between calls)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args, **kwargs)
+    host = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
 
 
 def _gmm(a, w, ends, dx):
@@ -91,6 +109,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768])
     p.add_argument("--chunks", type=int, nargs="+", default=[4, 32, 0], help="experts per chunk; 0: the default")
     p.add_argument("--mlp", action="store_true", help="also the whole expert MLP, forward + backward")
+    p.add_argument("--gpu-only", action="store_true", help="also GPU-only times (CUDA graphs) and host cost")
     p.add_argument("--projections", nargs="+", default=list(PROJECTIONS), choices=list(PROJECTIONS))
     args = p.parse_args()
     if not torch.cuda.is_available() or GROUPED_MM is None:
@@ -109,7 +128,7 @@ def main() -> None:
         experts = QuantExperts(EXPERTS, HIDDEN, inter, "int4", dtype=torch.bfloat16).cuda()
         experts.random_init(torch.Generator("cuda").manual_seed(0))
         for tokens in args.tokens:
-            measure(say, name, experts, proj, tokens, args.chunks)
+            measure(say, name, experts, proj, tokens, args.chunks, args.gpu_only)
             torch.cuda.empty_cache()
     if args.mlp:
         for tokens in args.tokens:
@@ -153,7 +172,7 @@ def fused(a, fmt, packed, ends, dx):
     return (kernels.grouped_dequant_linear_dx if dx else kernels.grouped_dequant_linear)(a, offsets, fmt, packed)
 
 
-def measure(say, name, experts, proj, tokens, chunks) -> None:
+def measure(say, name, experts, proj, tokens, chunks, gpu_only: bool = False) -> None:
     packed, fmt = experts.packed(proj), experts.fmt
     _, n, k = experts.proj_shape(proj)
     w16 = randn(EXPERTS, n, k, scale=0.02)
@@ -174,6 +193,17 @@ def measure(say, name, experts, proj, tokens, chunks) -> None:
     for label, fn in paths.items():
         fwd, bwd = us(fn, x, dx=False), us(fn, dy, dx=True)
         say(f"  {label:12} fwd {fwd:8.0f}  dX {bwd:8.0f}  x {(base[False] + base[True]) / (fwd + bwd):5.2f}")
+    if gpu_only:  # the same paths as CUDA graphs (no host cost), and the host's cost per call
+        gb = graph_us(_gmm, x, w16, ends, False) + graph_us(_gmm, dy, w16, ends, True)
+        graphed = {"dq-all": paths["dq-all"]}
+        for c in chunks:
+            plan = ExpertGroups.chunks(counts, c or experts.experts_per_chunk(), x.device)
+            graphed[f"chunked {c}"] = partial(planned, experts=experts, proj=proj, plan=plan)
+        say(f"  GPU only (CUDA graphs): gmm fwd + dX {gb:.0f} us")
+        for label, fn in graphed.items():
+            fwd, bwd = graph_us(fn, x, dx=False), graph_us(fn, dy, dx=True)
+            say(f"  {label:12} fwd {fwd:8.0f}  dX {bwd:8.0f}  x {gb / (fwd + bwd):5.2f}  host per fwd call "
+                f"{host_us(fn, x, dx=False):6.0f} us")  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -199,10 +199,13 @@ def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype, inve
     inverse of `order`, if already at hand."""
     t, k = topk_w.shape
     inverse = _inverse_permutation(order) if inverse is None else inverse
-    y = _gather_rows(ys, inverse, order).view(t, k, ys.shape[-1])
-    out = (y[:, 0] * topk_w[:, :1]).to(dtype)
+    # unbind, not y[:, j]: the backward of k selects zero-fills and accumulates k full [T, k, D] gradients (2.2 of
+    # a Qwen3-30B-A3B expert MLP's 7 ms at 8k tokens on the H200); unbind's stacks the k slot gradients once.
+    y = _gather_rows(ys, inverse, order).view(t, k, ys.shape[-1]).unbind(1)
+    w = topk_w.unbind(1)
+    out = (y[0] * w[0][:, None]).to(dtype)
     for j in range(1, k):
-        out = out + (y[:, j] * topk_w[:, j : j + 1]).to(dtype)
+        out = out + (y[j] * w[j][:, None]).to(dtype)
     return out
 
 
