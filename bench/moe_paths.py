@@ -14,7 +14,7 @@ it). Per projection:
 
 Ratio = (bf16 grouped_mm fwd + dX) / (path fwd + dX): >= 0.8 is issue 6's target. --mlp also times the whole
 routed-expert MLP (dispatch, gate, up, SwiGLU, down, combine) forward + backward of QuantExperts against bf16
-Experts on device groups, with its peak memory. Uniform routing over the experts.
+Experts on device groups, with its peak memory (--profile: and its top CUDA ops). Uniform routing over the experts.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def main() -> None:
     p.add_argument("--chunks", type=int, nargs="+", default=[4, 32, 0], help="experts per chunk; 0: the default")
     p.add_argument("--mlp", action="store_true", help="also the whole expert MLP, forward + backward")
     p.add_argument("--gpu-only", action="store_true", help="also GPU-only times (CUDA graphs) and host cost")
+    p.add_argument("--profile", action="store_true", help="with --mlp: the MLP's top CUDA ops (torch.profiler)")
     p.add_argument("--projections", nargs="+", default=list(PROJECTIONS), choices=list(PROJECTIONS))
     args = p.parse_args()
     if not torch.cuda.is_available() or GROUPED_MM is None:
@@ -132,11 +133,11 @@ def main() -> None:
             torch.cuda.empty_cache()
     if args.mlp:
         for tokens in args.tokens:
-            measure_mlp(say, tokens)
+            measure_mlp(say, tokens, args.profile)
             torch.cuda.empty_cache()
 
 
-def measure_mlp(say, tokens: int) -> None:
+def measure_mlp(say, tokens: int, profile: bool = False) -> None:
     """The routed-expert MLP forward + backward (dX only: frozen base), packed int4 against bf16 weights."""
     g = torch.Generator("cuda").manual_seed(0)
     packed = QuantExperts(EXPERTS, HIDDEN, INTER, "int4", dtype=torch.bfloat16).cuda()
@@ -162,6 +163,12 @@ def measure_mlp(say, tokens: int) -> None:
         step(experts)
         peaks[label] = (torch.cuda.max_memory_allocated() - base) / 2**20
         times[label] = us(step, experts)
+        if profile:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                step(experts)
+                torch.cuda.synchronize()
+            say(f"\n{label} expert MLP, {tokens} tokens, one step:")
+            say(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
     say(f"\nexpert MLP fwd+bwd, {tokens} tokens: bf16 grouped_mm {times['bf16']:.0f} us (peak +{peaks['bf16']:.0f} "
         f"MiB), int4 chunked {times['int4']:.0f} us (+{peaks['int4']:.0f} MiB; {packed.experts_per_chunk()} experts "
         f"per chunk): x {times['bf16'] / times['int4']:.2f}")  # fmt: skip
