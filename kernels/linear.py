@@ -7,6 +7,7 @@ of the quant registry ("int4", "int4-g128", "fp8", "mxfp4", "nvfp4") or a QuantF
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -27,8 +28,19 @@ def kernels_available(device: torch.device | str) -> bool:
     tensor cores), or the CPU when Triton's interpreter was enabled before this package was imported."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
+        return torch.cuda.is_available() and capability(device) >= (8, 0)
     return device.type == "cpu" and INTERPRETED
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """A CUDA device's compute capability, read once per device (torch reads the properties on every call, ~10 us,
+    and this is asked on every dispatch)."""
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def dequant_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,

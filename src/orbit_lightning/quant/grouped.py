@@ -100,7 +100,15 @@ def _cpu_has_grouped_mm(dtype: torch.dtype) -> bool:
 
 def torch_grouped_mm_blocker(dtype: torch.dtype, dims: tuple[int, ...], device: torch.device) -> str | None:
     """Why torch's grouped GEMM cannot run sync-free on device offsets for operands of `dtype` whose matrix
-    dims are `dims` on `device` (None: it can)."""
+    dims are `dims` on `device` (None: it can). Answered once per question: every grouped call asks, and reading
+    the device's properties costs ~10 us of host time."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _torch_grouped_mm_blocker(dtype, tuple(dims), device)
+
+
+@functools.cache
+def _torch_grouped_mm_blocker(dtype: torch.dtype, dims: tuple[int, ...], device: torch.device) -> str | None:
     if _GROUPED_MM is None:
         return f"torch {torch.__version__} has no grouped GEMM"
     if device.type == "cuda":
