@@ -119,8 +119,7 @@ def test_grouped_mm_paths_agree_with_empty_groups():
     assert device.row_groups(x.shape[0]).tolist() == [0, 0, 0, 3, 3, 3, 3, 3, 4]
     assert torch.allclose(grouped_mm(x, w, device), want, rtol=0, atol=1e-6)
     assert torch.allclose(per_row_mm(x, w, device), want, rtol=0, atol=1e-5)  # the CUDA fallback without sizes
-    active = [i for i, s in enumerate(sizes) if s]
-    chunk = ExpertGroups.chunk(active, [sizes[i] for i in active], x.device)
+    (_, _, chunk), = ExpertGroups.chunks(sizes, len(sizes), x.device)  # every active expert in one chunk
     assert torch.equal(grouped_mm(x, chunk.select(w), chunk), grouped_mm(x, w, device))
     # The chunked MoE path's plan: active experts two at a time, all offsets and ids in one upload.
     plan = ExpertGroups.chunks(sizes, 2, x.device)

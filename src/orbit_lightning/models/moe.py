@@ -6,8 +6,8 @@ routed to. `dispatch_experts` is the single MoE path, with two ways to split the
   decode can be captured in a CUDA graph. Taken whenever the experts' `linear` can (`chunk_size` is None).
 - chunk groups: the host reads the group sizes (one sync, one upload of every chunk's offsets) and runs a chunk of
   active experts per grouped call, which bounds the transient weights of paths that materialize them (dequantized
-  packed experts on large batches) to `chunk_mib`. Chunks are as large as that allows: each costs ~90 us of host
-  time (bench/moe_paths.py: chunks of 4 Qwen3-30B-A3B experts ran 5-20x slower than one grouped call).
+  packed experts on large batches) to `chunk_mib`. Chunks are as large as that allows: each costs 100-200 us of
+  host time per projection (bench/moe_paths.py: chunks of 4 Qwen3-30B-A3B experts ran 5-20x slower than one).
 The combine is deterministic on both. Subclasses (quantized experts, expert LoRA) change only `linear` and the
 choice of path.
 """

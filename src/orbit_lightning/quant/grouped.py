@@ -43,14 +43,9 @@ class ExpertGroups:
     sizes: list[int] | None = None
 
     @classmethod
-    def chunk(cls, ids: list[int], sizes: list[int], device: torch.device) -> ExpertGroups:
-        offsets = torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int32, device=device)
-        return cls(offsets, torch.tensor(ids, device=device), sizes)
-
-    @classmethod
     def chunks(cls, counts: list[int], chunk: int, device: torch.device) -> list[tuple[int, int, ExpertGroups]]:
         """The active experts of per-expert row `counts`, `chunk` at a time: (first row, end row, groups) each,
-        every chunk's offsets and ids uploaded in one copy (a copy per chunk cost ~10 us of host time each)."""
+        every chunk's offsets and ids uploaded in one copy."""
         active = [e for e, n in enumerate(counts) if n]
         runs = [active[i : i + chunk] for i in range(0, len(active), chunk)]
         flat = [v for ids in runs for v in (0, *itertools.accumulate(counts[e] for e in ids), *ids)]
