@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from orbit_lightning import kernels
-from orbit_lightning.models.moe import DEFAULT_CHUNK_MIB
+from orbit_lightning.models.moe import DEFAULT_CHUNK_MIB, experts_per_chunk
 from orbit_lightning.quant.formats import get_format
 from orbit_lightning.quant.grouped import ExpertGroups
 
@@ -193,7 +193,7 @@ def dq_grouped(x, counts: list[int], packed, dx: bool):
     """The model's chunked path (models.moe._chunked_mlp, one projection): chunks of the active experts that fit
     the default transient budget, each dequantized to bf16, then grouped_mm."""
     _, n, words = packed["weight_packed"].shape  # int32 words of 8 nibbles: [E, N, K / 8]
-    per = max(1, (DEFAULT_CHUNK_MIB << 20) // (n * words * 8 * x.element_size()))
+    per = experts_per_chunk(DEFAULT_CHUNK_MIB, n, words * 8, x.dtype)
     outs = []
     for r0, r1, groups in ExpertGroups.chunks(counts, per, x.device):
         w = kernels.dequantize("int4", packed, x.dtype, expert_ids=groups.ids)

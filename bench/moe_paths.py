@@ -2,15 +2,14 @@
 
     python bench/moe_paths.py [--tokens 8192 16384 32768] [--chunks 4 32 0] [--mlp]
 
-bench/kernels.py's "dispatched" MoE column dequantizes every expert and runs one grouped_mm: a stand-in. This runs
-what the model runs, timed by do_bench *with* the host's launch cost (training runs eagerly, so the host is part of
-it). Per projection:
+This runs what the model runs, timed by do_bench *with* the host's launch cost (training runs eagerly, so the host
+is part of it), and the alternatives. Per projection:
 
 - chunked c: `quant.dispatch.dequant_grouped` on each chunk of c active experts, planned by `ExpertGroups.chunks` as
   `models.moe._chunked_mlp` plans them (c = 0: as many as the default 1 GiB budget holds, what ships);
 - overlap c: the same chunks, the next chunk's dequantization issued on a side stream during this chunk's GEMM;
 - fused:     the fused grouped kernel (device offsets, nothing materialized);
-- dq-all:    dequantize all experts, one grouped_mm (bench/kernels.py's stand-in).
+- dq-all:    dequantize all experts, one grouped_mm (unbounded transient).
 
 Ratio = (bf16 grouped_mm fwd + dX) / (path fwd + dX): >= 0.8 is issue 6's target. --mlp also times the whole
 routed-expert MLP (dispatch, gate, up, SwiGLU, down, combine) forward + backward of QuantExperts against bf16
@@ -121,6 +120,7 @@ def main() -> None:
         print(line, flush=True)
         if log:
             log.write(line + "\n")
+            log.flush()
 
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__}; us by do_bench with host cost; "
         "x = (gmm fwd + dX) / (path fwd + dX)")  # fmt: skip
@@ -211,6 +211,7 @@ def measure(say, name, experts, proj, tokens, chunks, gpu_only: bool = False) ->
             fwd, bwd = graph_us(fn, x, dx=False), graph_us(fn, dy, dx=True)
             say(f"  {label:12} fwd {fwd:8.0f}  dX {bwd:8.0f}  x {gb / (fwd + bwd):5.2f}  host per fwd call "
                 f"{host_us(fn, x, dx=False):6.0f} us")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()

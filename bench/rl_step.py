@@ -55,11 +55,10 @@ def main() -> None:
     t0 = time.perf_counter()
     model = load_model(args.shape, quant=args.quant, dtype=dtype, device=dev, **over)
     if args.expert_chunk is not None:
-        from orbit_lightning.models.moe import Experts
+        from orbit_lightning.build import set_expert_chunks
+        from orbit_lightning.models.moe import DEFAULT_CHUNK_MIB
 
-        for m in model.modules():
-            if isinstance(m, Experts):
-                m.chunk = args.expert_chunk
+        set_expert_chunks(model, args.expert_chunk, DEFAULT_CHUNK_MIB)
     add_adapter(model, peft.LoraConfig(r=32, lora_alpha=64, target_modules="all-linear"))
     load_s = time.perf_counter() - t0
     vocab = model.config.vocab_size

@@ -41,9 +41,9 @@ from .sampling import sample
 
 __all__ = [
     "FORMATS",
-    "advance_decode",
     "LoraDelta",
     "TileConfig",
+    "advance_decode",
     "attention",
     "batch_invariant",
     "dequantize",

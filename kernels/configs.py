@@ -6,6 +6,7 @@ dX, P = K and R = N. block_r is therefore the K step of the forward and the N st
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -210,15 +211,25 @@ def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
 # force the generic fp32 decoder, e.g. to compare the two bit for bit.
 FAST_INT4 = True
 
-_SM_COUNT: dict[int, int] = {}
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _properties(index: int):
+    return torch.cuda.get_device_properties(index)
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (cached)."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
+    """Streaming multiprocessors of a CUDA device (read once per device)."""
+    return _properties(_index(device)).multi_processor_count
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """A CUDA device's compute capability, read once per device (torch reads the properties on every call, ~10 us
+    of host time, and every dispatch asks)."""
+    props = _properties(_index(device))
+    return props.major, props.minor
 
 
 def auto_split(cfg: TileConfig, programs: int, r: int, device: torch.device) -> int:

@@ -7,14 +7,13 @@ of the quant registry ("int4", "int4-g128", "fp8", "mxfp4", "nvfp4") or a QuantF
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from .configs import TileConfig
+from .configs import TileConfig, capability
 from .formats import plain, resolve
 from .gemm import INTERPRETED, dense_gemm
 from .gemv_lora import LoraDelta
@@ -31,16 +30,6 @@ def kernels_available(device: torch.device | str) -> bool:
         return torch.cuda.is_available() and capability(device) >= (8, 0)
     return device.type == "cpu" and INTERPRETED
 
-
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def capability(device: torch.device) -> tuple[int, int]:
-    """A CUDA device's compute capability, read once per device (torch reads the properties on every call, ~10 us,
-    and this is asked on every dispatch)."""
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def dequant_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .configs import capability
+
 try:  # griddepcontrol intrinsics (triton >= 3.5)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -73,5 +75,5 @@ def use_pdl(device: torch.device) -> bool:
     if idx not in _CAPABLE:
         from .gemm import INTERPRETED  # (here, not at import: gemm imports the kernels that import this module)
 
-        _CAPABLE[idx] = _HAVE and not INTERPRETED and torch.cuda.get_device_capability(idx) >= (9, 0)
+        _CAPABLE[idx] = _HAVE and not INTERPRETED and capability(device) >= (9, 0)
     return _CAPABLE[idx]

@@ -47,14 +47,20 @@ def build_model(spec: ModelSpec, adapter: AdapterSpec | None):
         raise ValueError(f"model.dtype={spec.dtype!r} is not a torch dtype (use float32 or bfloat16)")
     model = load_model(resolve_model_path(spec.path), dtype=dtype, device=resolve_device(spec.device),
                        quant=spec.quant, **spec.overrides)
-    from .models.moe import Experts
-
-    for m in model.modules():
-        if isinstance(m, Experts):  # packed experts too (QuantExperts subclasses it)
-            m.chunk, m.chunk_mib = spec.expert_chunk, spec.expert_chunk_mib
+    set_expert_chunks(model, spec.expert_chunk, spec.expert_chunk_mib)
     if adapter is not None:
         add_adapter(model, peft_config(adapter))
     return model
+
+
+def set_expert_chunks(model: torch.nn.Module, chunk: int, chunk_mib: int) -> None:
+    """Experts per dequantized chunk in every routed-experts module (packed ones too): `chunk` if > 0, else as
+    many as `chunk_mib` MiB hold (models.moe)."""
+    from .models.moe import Experts
+
+    for m in model.modules():
+        if isinstance(m, Experts):  # QuantExperts subclasses it
+            m.chunk, m.chunk_mib = chunk, chunk_mib
 
 
 def build_tokenizer(spec: ModelSpec):

@@ -6,8 +6,9 @@ routed to. `dispatch_experts` is the single MoE path, with two ways to split the
   decode can be captured in a CUDA graph. Taken whenever the experts' `linear` can (`chunk_size` is None).
 - chunk groups: the host reads the group sizes (one sync, one upload of every chunk's offsets) and runs a chunk of
   active experts per grouped call, which bounds the transient weights of paths that materialize them (dequantized
-  packed experts on large batches) to `chunk_mib`. Chunks are as large as that allows: each costs 100-200 us of
-  host time per projection (bench/moe_paths.py: chunks of 4 Qwen3-30B-A3B experts ran 5-20x slower than one).
+  packed experts on large batches): one projection of a chunk fits `chunk_mib` MiB, unless `chunk` sets a count.
+  Chunks are as large as that allows: each costs 100-200 us of host time per projection (bench/moe_paths.py:
+  chunks of 4 Qwen3-30B-A3B experts ran 5-20x slower than one).
 The combine is deterministic on both. Subclasses (quantized experts, expert LoRA) change only `linear` and the
 choice of path.
 """
@@ -27,6 +28,11 @@ from .config import ModelConfig
 from .layers import MLP, silu_mul
 
 DEFAULT_CHUNK_MIB = 1024  # transient dequantized expert weights per chunked grouped call
+
+
+def experts_per_chunk(budget_mib: int, hidden: int, intermediate: int, dtype: torch.dtype) -> int:
+    """How many experts' [intermediate, hidden] projections in `dtype` fit `budget_mib` MiB (at least one)."""
+    return max(1, (budget_mib << 20) // (hidden * intermediate * dtype.itemsize))
 
 
 class SoftmaxRouter(nn.Module):
@@ -76,6 +82,7 @@ class Experts(nn.Module):
     """Stacked routed experts: gate_proj/up_proj [E, I, D], down_proj [E, D, I]."""
 
     PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+    chunk, chunk_mib = 0, DEFAULT_CHUNK_MIB  # experts per chunk: `chunk` if > 0, else what `chunk_mib` holds
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
@@ -83,7 +90,6 @@ class Experts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.up_proj = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
-        self.chunk, self.chunk_mib = 0, DEFAULT_CHUNK_MIB  # experts per chunk: `chunk` if > 0, else what fits
 
     @property
     def transient_dtype(self) -> torch.dtype:
@@ -94,8 +100,7 @@ class Experts(nn.Module):
         """`chunk`, or as many experts as one projection of `chunk_mib` MiB holds (at least one)."""
         if self.chunk > 0:
             return self.chunk
-        per_expert = self.hidden * self.intermediate * self.transient_dtype.itemsize
-        return max(1, (self.chunk_mib << 20) // per_expert)
+        return experts_per_chunk(self.chunk_mib, self.hidden, self.intermediate, self.transient_dtype)
 
     def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor:
         """x [M, K] rows sorted by expert, split as `groups` says -> [M, N]."""
@@ -164,12 +169,6 @@ class _GatherRows(torch.autograd.Function):
         return grad.index_select(0, inverse), None, None
 
 
-def _gather_rows(src: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:
-    if torch.is_grad_enabled() and src.requires_grad:
-        return _GatherRows.apply(src, perm, inverse)
-    return src.index_select(0, perm)
-
-
 class _GatherTokens(torch.autograd.Function):
     """x[order // k]: each token's row once per routed slot, in expert order. The gradient is a gather by `inverse`
     and then a sum of each token's k slots in slot order (what expanding x k times and gathering gave, without
@@ -208,11 +207,14 @@ def _expert_mlp(experts: GroupedExperts, rows: Tensor, groups: ExpertGroups) -> 
 
 def _chunked_mlp(experts: GroupedExperts, xs: Tensor, offsets: Tensor, chunk: int) -> Tensor:
     """Active experts `chunk` at a time, on group sizes read by the host (the sync the device groups avoid)."""
-    outs = [_expert_mlp(experts, xs[start:end], groups)
-            for start, end, groups in ExpertGroups.chunks(offsets.diff().tolist(), chunk, xs.device)]  # fmt: skip
-    if len(outs) == 1:
-        return outs[0]
-    return torch.cat(outs) if outs else xs.new_zeros(0, xs.shape[-1])
+    plan = ExpertGroups.chunks(offsets.diff().tolist(), chunk, xs.device)
+    if not plan:
+        return xs.new_zeros(0, xs.shape[-1])
+    if len(plan) == 1:
+        return _expert_mlp(experts, xs, plan[0][2])
+    # One split, not a slice per chunk: each slice's backward would zero-fill a full-size gradient.
+    pieces = xs.split([end - start for start, end, _ in plan])
+    return torch.cat([_expert_mlp(experts, rows, groups) for rows, (_, _, groups) in zip(pieces, plan, strict=True)])
 
 
 def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype, inverse: Tensor | None = None) -> Tensor:
@@ -221,11 +223,14 @@ def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype, inve
     inverse of `order`, if already at hand."""
     t, k = topk_w.shape
     inverse = _inverse_permutation(order) if inverse is None else inverse
-    # Gathered slot-major ([k, T, D]) and unbound, not y[:, j] of [T, k, D]: each slot's rows are contiguous (vector
-    # kernels), and the backward stacks the k slot gradients once, where k selects zero-filled and accumulated k
-    # full [T, k, D] gradients (2.2 of a Qwen3-30B-A3B expert MLP's 7 ms at 8k tokens on the H200).
-    slot_major = inverse.view(t, k).t().reshape(-1)  # row j * T + i: the sorted position of (token i, slot j)
-    y = _gather_rows(ys, slot_major, (order % k) * t + order // k).view(k, t, ys.shape[-1]).unbind(0)
+    if torch.is_grad_enabled() and ys.requires_grad:
+        # Gathered slot-major ([k, T, D]) and unbound, not y[:, j] of [T, k, D]: each slot's rows are contiguous
+        # (vector kernels), and the backward stacks the k slot gradients once, where k selects zero-filled and
+        # accumulated k full [T, k, D] gradients (2.2 ms of a Qwen3-30B-A3B expert MLP's 7 ms at 8k tokens, H200).
+        slot_major = inverse.view(t, k).t().reshape(-1)  # row j * T + i: the sorted position of (token i, slot j)
+        y = _GatherRows.apply(ys, slot_major, (order % k) * t + order // k).view(k, t, ys.shape[-1]).unbind(0)
+    else:  # (decode: no index arithmetic to launch; the same values)
+        y = ys.index_select(0, inverse).view(t, k, ys.shape[-1]).unbind(1)
     w = topk_w.unbind(1)
     out = (y[0] * w[0][:, None]).to(dtype)
     for j in range(1, k):

@@ -44,9 +44,6 @@ class QuantExperts(Experts):
         self.fmt = get_format(fmt) if isinstance(fmt, str) else fmt
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
         self.compute_dtype = dtype
-        from ..models.moe import DEFAULT_CHUNK_MIB
-
-        self.chunk, self.chunk_mib = 0, DEFAULT_CHUNK_MIB
         for proj in self.PROJECTIONS:
             register_packed(self, self.fmt, self.proj_shape(proj), prefix=f"{proj}_")
 
@@ -68,8 +65,8 @@ class QuantExperts(Experts):
         return self.fmt.dequantize(packed, dtype or self.compute_dtype)
 
     def chunk_size(self, rows: int, device: torch.device) -> int | None:
-        """Device groups (None) while the fused grouped kernel applies, else `chunk` experts per dequantized
-        grouped GEMM, which bounds the transient BF16 weights."""
+        """Device groups (None) while the fused grouped kernel applies, else `experts_per_chunk()` experts per
+        dequantized grouped GEMM, which bounds the transient weights (in compute_dtype)."""
         from .dispatch import fused_grouped
 
         return None if fused_grouped(self.fmt, rows, self.num_experts, device) else self.experts_per_chunk()

@@ -48,12 +48,10 @@ class ExpertGroups:
         every chunk's offsets and ids uploaded in one copy."""
         active = [e for e, n in enumerate(counts) if n]
         runs = [active[i : i + chunk] for i in range(0, len(active), chunk)]
+        if not runs:
+            return []
         flat = [v for ids in runs for v in (0, *itertools.accumulate(counts[e] for e in ids), *ids)]
-        table = torch.tensor(flat, dtype=torch.int32)
-        if device.type == "cuda":
-            table = table.pin_memory().to(device, non_blocking=True)
-        else:
-            table = table.to(device)
+        table = torch.tensor(flat, dtype=torch.int32, pin_memory=device.type == "cuda").to(device, non_blocking=True)
         out, at, row = [], 0, 0
         for ids in runs:
             sizes = [counts[e] for e in ids]
