@@ -119,6 +119,36 @@ def test_moe_transients_bounded_by_one_chunk(chunk):
     assert tracker.peak < all_experts / 3
 
 
+def test_chunking_changes_no_bit_of_the_moe_forward_or_its_gradients():
+    """However the active experts are chunked (one chunk by the default budget, or a few at a time), every
+    expert multiplies the same rows by the same weights: outputs and gradients are bitwise equal. Without autograd
+    (decode) the combine gathers in another layout: the same values too."""
+    e, d, i = 7, 64, 32
+    dense = Experts(e, d, i)
+    for p in dense.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    experts = QuantExperts.from_experts(dense, "int4")
+    experts.compute_dtype = torch.float32
+    t, topk = 23, 3
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(t, d, generator=g)
+    ids = torch.rand(t, e, generator=g).topk(topk, dim=-1).indices
+    ids[ids == 4] = 5  # expert 4 gets no rows
+    w = torch.rand(t, topk, generator=g)
+    runs = []
+    for chunk in (0, 1, 2, 3):
+        experts.chunk = chunk
+        x = x0.clone().requires_grad_()
+        y = experts(x, ids, w)
+        y.pow(2).sum().backward()
+        with torch.no_grad():
+            assert torch.equal(experts(x0, ids, w), y)
+        runs.append((y.detach(), x.grad))
+    assert experts.chunk_size(t * topk, x0.device) == 3
+    for y, dx in runs[1:]:
+        assert torch.equal(y, runs[0][0]) and torch.equal(dx, runs[0][1])
+
+
 def test_dequantized_moe_matches_dense_experts_in_fp32():
     e, d, i = 6, 64, 32
     dense = Experts(e, d, i)
