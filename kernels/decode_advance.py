@@ -2,7 +2,8 @@
 step's inputs one position on (the rollout engine's `DecodeInputs.advance`, which is ~12 torch launches).
 
 At batch 1 a Qwen3-8B decode step is ~1 ms, and after the lm_head GEMV its tail of tiny launches took ~75 us
-(bench/trace_gaps.py); each costs its launch, not its bytes. Per row r, in place:
+(bench/trace_gaps.py); each costs its launch, not its bytes. (Measured after: the 8-layer batch-1 step stayed at
+1.02 ms, within run-to-run spread; bench/RESULTS.md.) Per row r, in place:
 ids[r] = token, positions[r] += 1, context_lens[r] += 1, steps[r] += 1,
 slots[r] = table[r, min(pos // page, W - 1)] * page + pos % page (the clamp keeps padding rows, whose table is
 all null blocks, in bounds), and out[0, r] = float(token), out[1, r] = log-prob.
