@@ -211,6 +211,7 @@ def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
 # force the generic fp32 decoder, e.g. to compare the two bit for bit.
 FAST_INT4 = True
 
+
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 

@@ -31,7 +31,6 @@ def kernels_available(device: torch.device | str) -> bool:
     return device.type == "cpu" and INTERPRETED
 
 
-
 def dequant_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,
                    config: TileConfig | None = None, lora: LoraDelta | None = None, **fmt_kw) -> Tensor:
     """y = x @ W^T with W [N, K] decoded in-kernel. x: [..., K] bf16/fp16/fp32 -> y [..., N] in x.dtype.

@@ -124,11 +124,7 @@ def test_chunking_changes_no_bit_of_the_moe_forward_or_its_gradients():
     expert multiplies the same rows by the same weights: outputs and gradients are bitwise equal. Without autograd
     (decode) the combine gathers in another layout: the same values too."""
     e, d, i = 7, 64, 32
-    dense = Experts(e, d, i)
-    for p in dense.parameters():
-        torch.nn.init.normal_(p, std=0.02)
-    experts = QuantExperts.from_experts(dense, "int4")
-    experts.compute_dtype = torch.float32
+    _, experts = _dense_and_packed_experts(e, d, i, "int4", std=0.02)
     t, topk = 23, 3
     g = torch.Generator().manual_seed(5)
     x0 = torch.randn(t, d, generator=g)
@@ -149,13 +145,19 @@ def test_chunking_changes_no_bit_of_the_moe_forward_or_its_gradients():
         assert torch.equal(y, runs[0][0]) and torch.equal(dx, runs[0][1])
 
 
-def test_dequantized_moe_matches_dense_experts_in_fp32():
-    e, d, i = 6, 64, 32
+def _dense_and_packed_experts(e: int, d: int, i: int, fmt: str, std: float) -> tuple[Experts, QuantExperts]:
+    """Random fp32 experts and their packed copy, computing in fp32."""
     dense = Experts(e, d, i)
     for p in dense.parameters():
-        torch.nn.init.normal_(p, std=0.05)
-    q = QuantExperts.from_experts(dense, "fp8")
+        torch.nn.init.normal_(p, std=std)
+    q = QuantExperts.from_experts(dense, fmt)
     q.compute_dtype = torch.float32
+    return dense, q
+
+
+def test_dequantized_moe_matches_dense_experts_in_fp32():
+    e, d, i = 6, 64, 32
+    dense, q = _dense_and_packed_experts(e, d, i, "fp8", std=0.05)
     for proj in Experts.PROJECTIONS:  # reference: the same routing over the dequantized weights
         getattr(dense, proj).data.copy_(q.dequantize(proj, None, torch.float32))
     x, ids = torch.randn(10, d), torch.randint(0, e, (10, 2))
