@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
-#   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels timeline attnwarps gaps host
-#   trigger lora ktests trace rtests etests graphs)
+#   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
+#   host trigger lora ktests trace rtests etests graphs)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -38,6 +38,11 @@ for s in $sections; do
     default) timeout 130 python3 -m orbit_lightning.cli model.device=cuda trainer.max_steps=200 trainer.eval_every=50 \
                trainer.output_dir="$OUT/default_run" >"$OUT/default.log" 2>&1 ;;
     kernels) timeout 200 python3 bench/kernels.py --sections dense,moe --budget 170 >"$OUT/kernels.log" 2>&1 ;;
+    # the model's MoE path per projection and as a whole MLP, then full RL steps of a MoE (the expert-chunk A/B)
+    moe)     timeout 200 python3 bench/moe_paths.py --projections gate down gate_up --tokens 8192 16384 32768 --chunks 4 0 \
+               --mlp >"$OUT/moe.log" 2>&1
+             for c in 4 0; do timeout 170 python3 bench/rl_step.py --shape qwen3-30b-a3b --layers 4 --prompts 8 --gens 8 \
+               --new-tokens 256 --steps 3 --expert-chunk $c; done >"$OUT/rl_step_moe.log" 2>&1 ;;
     timeline) timeout 120 python3 bench/gemv_timeline.py >"$OUT/timeline.log" 2>&1 ;;
     gaps)    for steps in 8 16; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 4 16 --no-hf --decode-steps $steps --profile 8; done \
@@ -63,6 +68,8 @@ grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" 2>/dev/null | tail -12
 grep -E "^\[profile\] batch|^qwen|roof|HF|dlogprob" "$OUT/rollout.log" 2>/dev/null | tail -24
 grep -A9 -E "^(deterministic )?qwen3" "$OUT/rl_step.log" 2>/dev/null | tail -20
 grep -A6 "== summary" "$OUT/kernels.log" 2>/dev/null
+grep -E "^[a-z_]+ \[E=|chunked|expert MLP" "$OUT/moe.log" 2>/dev/null
+grep -A6 "^qwen3-30b" "$OUT/rl_step_moe.log" 2>/dev/null
 grep -E "^case|lora|^qkv|^o |^gate|^down" "$OUT/timeline.log" 2>/dev/null
 grep -E "^qwen|_attn_kernel|_merge_kernel" "$OUT/attnwarps.log" 2>/dev/null
 grep -E "^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/gaps.log" 2>/dev/null
