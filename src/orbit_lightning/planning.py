@@ -12,14 +12,31 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def dequant_transient(model: torch.nn.Module) -> int:
+    """Bytes of the largest weight that large batches (prefill, training) dequantize at once: one packed linear, or
+    one chunk of one projection of packed experts (`model.expert_chunk_mib`). Decode reads the packed bytes."""
+    from .models.moe import Experts
+    from .quant.linear import QuantLinear
+
+    sizes = [0]
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            sizes.append(m.out_features * m.in_features * m.compute_dtype.itemsize)
+        elif isinstance(m, Experts) and hasattr(m, "fmt"):  # packed experts (QuantExperts)
+            per_chunk = min(m.experts_per_chunk(), m.num_experts)
+            sizes.append(per_chunk * m.hidden * m.intermediate * m.transient_dtype.itemsize)
+    return max(sizes)
+
+
 def plan_memory(cfg: ExperimentConfig) -> str:
     from . import add_adapter
-    from .build import peft_config, resolve_model_path
+    from .build import peft_config, resolve_model_path, set_expert_chunks
     from .models import load_model
 
     dtype = getattr(torch, cfg.model.dtype)
     model = load_model(resolve_model_path(cfg.model.path), dtype=dtype, device="meta", quant=cfg.model.quant,
                        **cfg.model.overrides)
+    set_expert_chunks(model, cfg.model.expert_chunk, cfg.model.expert_chunk_mib)
     add_adapter(model, peft_config(cfg.adapter), slots=("slot0", "slot1"))
     mc = model.config
     frozen = sum(_bytes(b) for b in model.buffers()) + sum(_bytes(p) for p in model.parameters() if not p.requires_grad)
@@ -34,7 +51,8 @@ def plan_memory(cfg: ExperimentConfig) -> str:
     kv = n_seq * seq * mc.num_hidden_layers * kv_heads * (k_dim + v_dim) * torch.finfo(dtype).bits // 8
     rows = [("frozen base (packed, as deployed)", frozen), ("adapter (train slot)", adapter),
             ("adapter gradients", adapter), ("AdamW state (fp32)", optim), ("engine adapter slots (x2)", engine_slots),
-            (f"KV cache for {n_seq} sequences x {seq} tokens", kv)]
+            (f"KV cache for {n_seq} sequences x {seq} tokens", kv),
+            ("dequantized transient (weight or expert chunk)", dequant_transient(model))]
     total = sum(b for _, b in rows)
     lines = [f"memory plan: {cfg.model.path} quant={cfg.model.quant} dtype={cfg.model.dtype}"]
     lines += [f"  {name:<48} {b / 2**30:10.3f} GiB" for name, b in rows]
