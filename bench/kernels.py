@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from orbit_lightning import kernels
-from orbit_lightning.models.moe import DEFAULT_CHUNK_MIB, experts_per_chunk
+from orbit_lightning.quant.dispatch import dequant_grouped, dequant_grouped_dx
+from orbit_lightning.quant.experts import QuantExperts
 from orbit_lightning.quant.formats import get_format
 from orbit_lightning.quant.grouped import ExpertGroups
 
@@ -189,16 +190,17 @@ def _grouped_mm_dx_us(tm, dy: torch.Tensor, w: torch.Tensor, offs: torch.Tensor)
     return min(times)
 
 
-def dq_grouped(x, counts: list[int], packed, dx: bool):
-    """The model's chunked path (models.moe._chunked_mlp, one projection): chunks of the active experts that fit
-    the default transient budget, each dequantized to bf16, then grouped_mm."""
-    _, n, words = packed["weight_packed"].shape  # int32 words of 8 nibbles: [E, N, K / 8]
-    per = experts_per_chunk(DEFAULT_CHUNK_MIB, n, words * 8, x.dtype)
-    outs = []
-    for r0, r1, groups in ExpertGroups.chunks(counts, per, x.device):
-        w = kernels.dequantize("int4", packed, x.dtype, expert_ids=groups.ids)
-        outs.append(GROUPED_MM(x[r0:r1], w if dx else w.transpose(1, 2), offs=groups.offsets[1:]))
-    return outs
+def planned(a, experts, proj: str, plan, dx: bool):
+    """The model's chunked path for one projection on a plan of (first row, end row, ExpertGroups) chunks: each
+    through `quant.dispatch.dequant_grouped` (dequantize the chunk's experts, grouped GEMM), as
+    models.moe._chunked_mlp runs it."""
+    fn = dequant_grouped_dx if dx else dequant_grouped
+    return [fn(a[r0:r1], experts, proj, groups) for r0, r1, groups in plan]
+
+
+def chunked(a, experts, proj: str, counts: list[int], chunk: int, dx: bool):
+    """`planned` on the model's plan: the active experts of per-expert row `counts`, `chunk` at a time."""
+    return planned(a, experts, proj, ExpertGroups.chunks(counts, chunk, a.device), dx)
 
 
 def bench_moe(rep: Report) -> None:
@@ -209,13 +211,15 @@ def bench_moe(rep: Report) -> None:
     rep.say("(dq+gmm = the model's chunked path: the active experts that fit 1 GiB dequantized to bf16, grouped_mm)")
     rep.say(f"{'model':16} {'proj':8} {'E':>4} {'N':>5} {'K':>5} {'tokens':>6} | {'gmm fwd':>9} "
             f"{'int4 fwd':>9} {'x':>5} | {'gmm dX':>9} {'int4 dX':>9} {'fwd+dX x':>8} | {'dq+gmm x':>8}")
-    fmt = get_format("int4")
     for model, (experts, top_k, hidden, inter, token_counts) in MOE.items():
         for proj, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
             if rep.out_of_time():
                 return
             w = randn(experts, n, k, scale=0.02)
-            packed = fmt.random_packed((experts, n, k), device="cuda")
+            # Packed experts whose gate_proj is [E, n, k]: the projection measured, whichever it stands for.
+            packed_experts = QuantExperts(experts, k, n, "int4", dtype=torch.bfloat16).cuda()
+            packed_experts.random_init(torch.Generator("cuda").manual_seed(0))
+            packed, per_chunk = packed_experts.packed("gate_proj"), packed_experts.experts_per_chunk()
             for tokens in token_counts:
                 if rep.out_of_time():
                     return
@@ -231,8 +235,8 @@ def bench_moe(rep: Report) -> None:
                      "int4_fwd": tm(kernels.grouped_dequant_linear, x, offsets, "int4", packed),
                      "gmm_dx": _grouped_mm_dx_us(tm, dy, w, ends),
                      "int4_dx": tm(kernels.grouped_dequant_linear_dx, dy, offsets, "int4", packed),
-                     "dq_fwd": tm(dq_grouped, x, host_counts, packed, dx=False),
-                     "dq_dx": tm(dq_grouped, dy, host_counts, packed, dx=True)}
+                     "dq_fwd": tm(chunked, x, packed_experts, "gate_proj", host_counts, per_chunk, dx=False),
+                     "dq_dx": tm(chunked, dy, packed_experts, "gate_proj", host_counts, per_chunk, dx=True)}
                 dq = (t["gmm_fwd"] + t["gmm_dx"]) / (t["dq_fwd"] + t["dq_dx"])
                 both = (t["gmm_fwd"] + t["gmm_dx"]) / (t["int4_fwd"] + t["int4_dx"])
                 row = dict(section="moe", model=model, proj=proj, experts=experts, n=n, k=k, tokens=tokens)

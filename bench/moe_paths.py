@@ -30,7 +30,6 @@ import torch
 
 from orbit_lightning import kernels
 from orbit_lightning.models.moe import Experts, dispatch_experts
-from orbit_lightning.quant.dispatch import dequant_grouped, dequant_grouped_dx
 from orbit_lightning.quant.experts import QuantExperts
 from orbit_lightning.quant.grouped import ExpertGroups
 
@@ -38,21 +37,10 @@ _spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(os.
 bk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bk)
 GROUPED_MM, randn, us, graph_us = bk.GROUPED_MM, bk.randn, bk.us, bk.graph_us
+chunked, planned = bk.chunked, bk.planned  # the model's chunked path, one projection
 
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768  # Qwen3-30B-A3B
 PROJECTIONS = {"gate": ("gate_proj", INTER), "gate_up": ("gate_proj", 2 * INTER), "down": ("down_proj", INTER)}
-
-
-def chunked(a, experts, proj, counts, chunk, dx):
-    """The model's loop (models.moe._chunked_mlp), one projection."""
-    fn = dequant_grouped_dx if dx else dequant_grouped
-    return [fn(a[r0:r1], experts, proj, groups) for r0, r1, groups in ExpertGroups.chunks(counts, chunk, a.device)]
-
-
-def planned(a, experts, proj, plan, dx):
-    """chunked on a plan made beforehand (so a CUDA graph can hold the loop: GPU time without the host's)."""
-    fn = dequant_grouped_dx if dx else dequant_grouped
-    return [fn(a[r0:r1], experts, proj, groups) for r0, r1, groups in plan]
 
 
 def host_us(fn, *args, calls: int = 20, **kwargs) -> float:

@@ -43,7 +43,6 @@ except ImportError:  # pragma: no cover - older triton: never enabled
         pass
 
 
-
 ENABLED = True  # process-wide switch (benchmarks A/B it); the launch still needs an sm_90+ GPU and compiled kernels
 TRIGGER = os.environ.get("ORBIT_PDL_TRIGGER", "1") != "0"
 _TRIGGER = tl.constexpr(TRIGGER)

@@ -15,14 +15,14 @@ def _bytes(t: torch.Tensor) -> int:
 def dequant_transient(model: torch.nn.Module) -> int:
     """Bytes of the largest weight that large batches (prefill, training) dequantize at once: one packed linear, or
     one chunk of one projection of packed experts (`model.expert_chunk_mib`). Decode reads the packed bytes."""
-    from .models.moe import Experts
+    from .quant.experts import QuantExperts
     from .quant.linear import QuantLinear
 
     sizes = [0]
     for m in model.modules():
         if isinstance(m, QuantLinear):
             sizes.append(m.out_features * m.in_features * m.compute_dtype.itemsize)
-        elif isinstance(m, Experts) and hasattr(m, "fmt"):  # packed experts (QuantExperts)
+        elif isinstance(m, QuantExperts):
             per_chunk = min(m.experts_per_chunk(), m.num_experts)
             sizes.append(per_chunk * m.hidden * m.intermediate * m.transient_dtype.itemsize)
     return max(sizes)
