@@ -13,7 +13,8 @@ is part of it), and the alternatives. Per projection:
 
 Ratio = (bf16 grouped_mm fwd + dX) / (path fwd + dX): >= 0.8 is issue 6's target. --mlp also times the whole
 routed-expert MLP (dispatch, gate, up, SwiGLU, down, combine) forward + backward of QuantExperts against bf16
-Experts on device groups, with its peak memory (--profile: and its top CUDA ops). Uniform routing over the experts.
+Experts on device groups, with its peak memory (--profile: and its top CUDA ops), with the combine's kernels and
+with torch's ops. Uniform routing over the experts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from functools import partial
 import torch
 
 from orbit_lightning import kernels
+from orbit_lightning.models import moe
 from orbit_lightning.models.moe import Experts, dispatch_experts
 from orbit_lightning.quant.experts import QuantExperts
 from orbit_lightning.quant.grouped import ExpertGroups
@@ -143,7 +145,9 @@ def measure_mlp(say, tokens: int, profile: bool = False) -> None:
         x.grad = None
 
     times, peaks = {}, {}
-    for label, experts in (("bf16", plain), ("int4", packed)):
+    for label, experts, kernel_combine in (("bf16", plain, True), ("int4", packed, True),
+                                           ("bf16 torch-combine", plain, False), ("int4 torch-combine", packed, False)):
+        moe.KERNEL_COMBINE = kernel_combine
         step(experts)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -157,9 +161,12 @@ def measure_mlp(say, tokens: int, profile: bool = False) -> None:
                 torch.cuda.synchronize()
             say(f"\n{label} expert MLP, {tokens} tokens, one step:")
             say(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
-    say(f"\nexpert MLP fwd+bwd, {tokens} tokens: bf16 grouped_mm {times['bf16']:.0f} us (peak +{peaks['bf16']:.0f} "
-        f"MiB), int4 chunked {times['int4']:.0f} us (+{peaks['int4']:.0f} MiB; {packed.experts_per_chunk()} experts "
-        f"per chunk): x {times['bf16'] / times['int4']:.2f}")  # fmt: skip
+    moe.KERNEL_COMBINE = True
+    for tag in ("", " torch-combine"):
+        bf, q = f"bf16{tag}", f"int4{tag}"
+        say(f"\nexpert MLP fwd+bwd{tag or ' (kernel combine)'}, {tokens} tokens: bf16 grouped_mm {times[bf]:.0f} us "
+            f"(peak +{peaks[bf]:.0f} MiB), int4 chunked {times[q]:.0f} us (+{peaks[q]:.0f} MiB; "
+            f"{packed.experts_per_chunk()} experts per chunk): x {times[bf] / times[q]:.2f}")  # fmt: skip
 
 
 def fused(a, fmt, packed, ends, dx):

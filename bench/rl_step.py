@@ -34,8 +34,14 @@ def main() -> None:
                     help="routed experts per dequantized chunk (model.expert_chunk; default: what 1 GiB holds)")
     ap.add_argument("--deterministic", action="store_true",
                     help="batch-invariant mode in the engine and the trainer (rollout.deterministic)")
+    ap.add_argument("--torch-combine", action="store_true",
+                    help="MoE: combine with torch's ops instead of kernels.moe_combine (the A/B of that kernel)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
+    if args.torch_combine:
+        from orbit_lightning.models import moe
+
+        moe.KERNEL_COMBINE = False
 
     import lightning as L
     import peft

@@ -63,6 +63,8 @@ def parse_args() -> argparse.Namespace:
                     help="launch the decode kernels without programmatic dependent launch (kernels.pdl), to A/B it")
     ap.add_argument("--one-graph-per-step", action="store_true",
                     help="replay the one-step graph per step, not the all-steps graph (runner.MULTI_STEP_GRAPH)")
+    ap.add_argument("--torch-combine", action="store_true",
+                    help="MoE: combine with torch's ops instead of kernels.moe_combine (the A/B of that kernel)")
     ap.add_argument("--attn-warps", type=int, default=None,
                     help="warps per attention program (kernels.attention.NUM_WARPS), to A/B it")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -86,6 +88,8 @@ def parse_args() -> argparse.Namespace:
         kv_cache.PAGED_KERNEL = False
     if a.no_pdl:
         kernels_pdl.ENABLED = False
+    if a.torch_combine:
+        importlib.import_module("orbit_lightning.models.moe").KERNEL_COMBINE = False
     if a.attn_warps:
         importlib.import_module("orbit_lightning.kernels.attention").NUM_WARPS = a.attn_warps
     if a.one_graph_per_step:

@@ -2,9 +2,8 @@
 
 Fused dequant-GEMM forward and dX for int4 / fp8-block / mxfp4 / nvfp4 packed weights, a split-K
 small-M (decode) path, a grouped MoE GEMM over active experts, a one-pass `dequantize` (for chunked
-paths), and a batch-invariant mode (`set_batch_invariant` / `batch_invariant()`) with a matching
-RMSNorm. All entry points are plain
-torch functions without autograd.
+paths), the MoE combine and its backward, and a batch-invariant mode (`set_batch_invariant` /
+`batch_invariant()`) with a matching RMSNorm. All entry points are plain torch functions without autograd.
 
 Triton launches a kernel on the *current* CUDA device, not on its tensors' device: with tensors on another
 GPU, call the kernels inside `torch.cuda.device(that_device)` (the rollout engine steps under its own).
@@ -35,6 +34,7 @@ from .linear import (
 from .logsumexp import logsumexp
 from .lora import lora_add, lora_add_many
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
+from .moe_combine import moe_combine, moe_combine_backward, slot_sum
 from .rmsnorm import add_rms_norm, rms_norm
 from .rope import rope
 from .sampling import sample
@@ -59,6 +59,8 @@ __all__ = [
     "kv_write",
     "linear",
     "logsumexp",
+    "moe_combine",
+    "moe_combine_backward",
     "lora_add",
     "lora_add_many",
     "paged_attention",
@@ -68,5 +70,6 @@ __all__ = [
     "sample",
     "set_batch_invariant",
     "silu_mul",
+    "slot_sum",
     "supports",
 ]

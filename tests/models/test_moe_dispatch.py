@@ -159,3 +159,29 @@ def test_permutation_gathers_give_autograds_index_gradients_bitwise(name):
     (y0, dx0, dw0), (y1, dx1, dw1) = grads
     assert torch.equal(y0, y1) and torch.equal(dx0, dx1)
     assert all(torch.equal(a, b) for a, b in zip(dw0, dw1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(ROUTINGS))
+def test_kernel_combine_equals_torch_ops_gpu(name, monkeypatch):
+    # On CUDA the combine and the dispatch's backward take kernels.moe_combine / slot_sum; torch's ops are the
+    # oracle: the output bitwise, the gradients up to the order of their fp32 sums (bounded bit-tight in
+    # tests/kernels/test_moe_combine.py; here bf16's default tolerance checks the wiring).
+    from orbit_lightning.models import moe
+
+    experts = random_experts(dtype=torch.bfloat16).cuda().requires_grad_(False)
+    x, ids, w = (t.cuda() for t in routing(name, dtype=torch.bfloat16))
+    runs = []
+    for kernel in (True, False):
+        monkeypatch.setattr(moe, "KERNEL_COMBINE", kernel)
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = experts(xg, ids, wg)
+        y.float().pow(2).sum().backward()
+        with torch.no_grad():
+            y_decode = experts(x, ids, w)
+        runs.append((y.detach(), y_decode, xg.grad, wg.grad))
+    (y0, yd0, dx0, dw0), (y1, yd1, dx1, dw1) = runs
+    assert torch.equal(y0, y1) and torch.equal(yd0, yd1) and torch.equal(y0, yd0)
+    torch.testing.assert_close(dx0, dx1)
+    torch.testing.assert_close(dw0, dw1)

@@ -22,12 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..quant.grouped import ExpertGroups, grouped_mm, torch_grouped_mm_blocker
-from ..triton_kernels import kernels_run_on
+from ..triton_kernels import kernels_module, kernels_run_on
 from . import invariant
 from .config import ModelConfig
 from .layers import MLP, silu_mul
 
 DEFAULT_CHUNK_MIB = 1024  # transient dequantized expert weights per chunked grouped call
+KERNEL_COMBINE = True  # the combine's kernels on CUDA (set False to compare against torch's ops, as bench/ does)
 
 
 def experts_per_chunk(budget_mib: int, hidden: int, intermediate: int, dtype: torch.dtype) -> int:
@@ -183,6 +184,8 @@ class _GatherTokens(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         (inverse,) = ctx.saved_tensors
+        if _kernel_combine(grad):  # the same sum without writing the gathered [T * k, D] copy
+            return kernels_module().slot_sum(grad, inverse, ctx.k), None, None, None
         per_slot = grad.index_select(0, inverse)  # [T * k, D] in (token, slot) order
         return per_slot.view(-1, ctx.k, grad.shape[-1]).sum(1), None, None, None
 
@@ -223,6 +226,10 @@ def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype, inve
     inverse of `order`, if already at hand."""
     t, k = topk_w.shape
     inverse = _inverse_permutation(order) if inverse is None else inverse
+    if ys.dtype == topk_w.dtype == dtype and _kernel_combine(ys):
+        if torch.is_grad_enabled() and (ys.requires_grad or topk_w.requires_grad):
+            return _KernelCombine.apply(ys, topk_w, order, inverse)
+        return kernels_module().moe_combine(ys, inverse, topk_w)
     if torch.is_grad_enabled() and ys.requires_grad:
         # Gathered slot-major ([k, T, D]) and unbound, not y[:, j] of [T, k, D]: each slot's rows are contiguous
         # (vector kernels), and the backward stacks the k slot gradients once, where k selects zero-filled and
@@ -236,6 +243,30 @@ def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype, inve
     for j in range(1, k):
         out = out + (y[j] * w[j][:, None]).to(dtype)
     return out
+
+
+def _kernel_combine(rows: Tensor) -> bool:
+    """Whether the combine (and the dispatch's backward) take their one-launch kernels (kernels.moe_combine): on
+    CUDA where the kernels run. Bitwise torch's steps there, so the engine and the trainer agree whichever path
+    each takes; the CPU keeps torch's ops (the interpreter's bf16 casts truncate)."""
+    return (KERNEL_COMBINE and rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and kernels_run_on(rows.device))
+
+
+class _KernelCombine(torch.autograd.Function):
+    """kernels.moe_combine with its backward kernel: ys is read in place, where torch's ops keep k gathered slot
+    copies for the weights' gradient and launch 2k - 1 broadcast kernels each way."""
+
+    @staticmethod
+    def forward(ctx, ys: Tensor, topk_w: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
+        ctx.save_for_backward(ys, topk_w, order)
+        return kernels_module().moe_combine(ys, inverse, topk_w)
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        ys, topk_w, order = ctx.saved_tensors
+        gys, gw = kernels_module().moe_combine_backward(dout, ys, order, topk_w, *ctx.needs_input_grad[:2])
+        return gys, gw, None, None
 
 
 class MoE(nn.Module):
