@@ -1,9 +1,10 @@
 """Grouped MoE GEMM over active experts, forward and dX, on stacked packed expert weights.
 
-Rows are sorted by expert; expert e owns rows expert_offsets[e]:expert_offsets[e+1]. A tile map
-(built on the device, no host sync) lists one entry per (expert, BM-row tile) of the experts that got
-tokens, so a program handles (expert, M tile, P tile) and weights of experts without tokens are never
-read. Transient memory is one register tile per program, whatever the number of experts.
+Rows are sorted by expert; expert e owns rows expert_offsets[e]:expert_offsets[e+1]. The row tiles of the
+experts that got tokens are numbered in expert order, and program (t, P tile) finds its tile t's expert and
+first row from the offsets itself (`_find_tile`), so weights of experts without tokens are never read and no
+tile map is built first: that took ~15 small launches per call, ~0.5 ms of a 1.7 ms MoE decode step
+(bench/RESULTS.md). Transient memory is one register tile per program, whatever the number of experts.
 """
 
 from __future__ import annotations
@@ -19,22 +20,37 @@ from .gemm import check_activation, dot_precision, fast_int4, k_even, tile_mainl
 
 
 @triton.jit
-def _grouped_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+def _find_tile(offsets_ptr, t, num_experts, BM: tl.constexpr, E_POW2: tl.constexpr):
+    """(expert, first row, end of the expert's rows) of row tile t, the experts' BM-row tiles numbered in expert
+    order (experts without rows have none); expert >= num_experts for t past the last tile."""
+    e = tl.arange(0, E_POW2)
+    ok = e < num_experts
+    lo = tl.load(offsets_ptr + e, mask=ok, other=0)
+    hi = tl.load(offsets_ptr + e + 1, mask=ok, other=0)
+    tiles = (hi - lo + BM - 1) // BM
+    ends = tl.cumsum(tiles, 0)  # one past each expert's last tile
+    expert = tl.sum((ends <= t).to(tl.int32), 0)
+    mine = e == expert
+    first = tl.sum(tl.where(mine, lo + (t - ends + tiles) * BM, 0), 0)
+    return expert, first, tl.sum(tl.where(mine, hi, 0), 0)
+
+
+@triton.jit
+def _grouped_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, offsets_ptr,
                     P, R, N, K, n_groups, num_experts,
                     stride_am, stride_ar, stride_we, stride_wn, stride_se, stride_sn, stride_om, stride_op,
                     FMT: tl.constexpr, GROUP: tl.constexpr, DX: tl.constexpr, SWAP: tl.constexpr,
                     BM: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr,
-                    K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr):
+                    K_EVEN: tl.constexpr, FAST_INT4: tl.constexpr, E_POW2: tl.constexpr):
     # P tiles vary fastest: the programs of one row tile run together and share its activations in L2,
     # and the next row tiles of the same expert then find that expert's weight tiles in L2.
     pid = tl.program_id(0)
     num_p = tl.cdiv(P, BP)
     t = pid // num_p
     pid_p = pid % num_p
-    e = tl.load(tile_expert_ptr + t)
-    if e < num_experts:  # padding entries of the tile map do nothing
-        row0 = tl.load(tile_row_ptr + t).to(tl.int64)
-        row_end = tl.load(offsets_ptr + e + 1)
+    e, row0, row_end = _find_tile(offsets_ptr, t, num_experts, BM, E_POW2)
+    if e < num_experts:  # the grid's spare tiles do nothing
+        row0 = row0.to(tl.int64)
         offs_m = row0 + tl.arange(0, BM)
         m_ok = offs_m < row_end
         e64 = e.to(tl.int64)
@@ -45,22 +61,6 @@ def _grouped_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, tile_expert_ptr, tile_
         offs_p = pid_p * BP + tl.arange(0, BP)
         ptrs, mask = tile_ptrs(out_ptr, offs_m, offs_p, m_ok, P, stride_om, stride_op, SWAP)
         tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def tile_map(expert_offsets: Tensor, block_m: int, max_tiles: int) -> tuple[Tensor, Tensor]:
-    """Per row-tile slot t < max_tiles: (expert, first row); padding slots get expert = E.
-
-    expert_offsets: int [E+1] on the device. Returns int32 [max_tiles] x 2, computed without a sync.
-    """
-    num_experts = expert_offsets.numel() - 1
-    offsets = expert_offsets.to(torch.int64)
-    tiles = (offsets[1:] - offsets[:-1] + block_m - 1) // block_m  # [E] row tiles per expert
-    ends = torch.cumsum(tiles, 0)  # [E] one past each expert's last tile id
-    slot = torch.arange(max_tiles, device=offsets.device)
-    expert = torch.searchsorted(ends, slot, right=True)  # [T] E for slots past the last tile
-    owner = expert.clamp(max=num_experts - 1)
-    first_row = offsets[owner] + (slot - (ends - tiles)[owner]) * block_m
-    return expert.to(torch.int32), first_row.to(torch.int32)
 
 
 def check_offsets(expert_offsets: Tensor, w: PackedWeight, device: torch.device) -> None:
@@ -100,16 +100,15 @@ def grouped_gemm(a: Tensor, expert_offsets: Tensor, w: PackedWeight, dx: bool,
         raise ValueError("grouped_gemm does not split the reduction; use a TileConfig with split_k=1")
     # Each tile holds >= 1 row and each expert wastes < 1 tile, which bounds the tile count.
     max_tiles = min(t, triton.cdiv(t, cfg.block_m) + w.experts)
-    tile_expert, tile_row = tile_map(expert_offsets, cfg.block_m, max_tiles)
     num_p = triton.cdiv(p, cfg.block_p)
     gs = w.global_scale if w.global_scale is not None else w.scale
     _grouped_kernel[(max_tiles * num_p,)](
-        a, w.values, w.scale, gs, out, tile_expert, tile_row, expert_offsets,
+        a, w.values, w.scale, gs, out, expert_offsets,
         p, r, w.n, w.k, w.scale.shape[-1], w.experts,
         a.stride(0), a.stride(1), w.values.stride(0), w.values.stride(1),
         w.scale.stride(0), w.scale.stride(1), out.stride(0), out.stride(1),
         FMT=w.fmt.code, GROUP=w.group, DX=dx, SWAP=cfg.swap_ab, BM=cfg.block_m, BP=cfg.block_p,
         BR=cfg.block_r, PREC=dot_precision(a.dtype), K_EVEN=k_even(w, cfg, dx), FAST_INT4=fast_int4(w, a.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        E_POW2=triton.next_power_of_2(w.experts), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

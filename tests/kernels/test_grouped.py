@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from orbit_lightning import kernels
 from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
@@ -23,11 +25,21 @@ def _per_expert(a: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Te
     return torch.cat([c @ w[e].T for e, c in enumerate(chunks)])
 
 
-def test_tile_map_lists_only_active_expert_tiles():
-    expert, first_row = kernels.grouped.tile_map(_offsets(COUNTS), block_m=16, max_tiles=8)
-    # expert 0: rows 0..2 (1 tile); expert 2: rows 3..21 (2 tiles); expert 3: row 22; rest padding (E=5).
-    assert expert.tolist() == [0, 2, 2, 3, 5, 5, 5, 5]
-    assert first_row[:4].tolist() == [0, 3, 19, 22]
+@triton.jit
+def _find_tiles(offsets_ptr, out_ptr, num_experts, BM: tl.constexpr, E_POW2: tl.constexpr):
+    t = tl.program_id(0)
+    expert, first, end = kernels.grouped._find_tile(offsets_ptr, t, num_experts, BM, E_POW2)
+    tl.store(out_ptr + 3 * t, expert)
+    tl.store(out_ptr + 3 * t + 1, first)
+    tl.store(out_ptr + 3 * t + 2, end)
+
+
+def test_each_program_finds_its_tile_among_active_experts_only():
+    out = torch.zeros(8, 3, dtype=torch.int32)
+    _find_tiles[(8,)](_offsets(COUNTS), out, len(COUNTS), BM=16, E_POW2=8)
+    # expert 0: rows 0..2 (1 tile); expert 2: rows 3..21 (2 tiles); expert 3: row 22; then past the last tile.
+    assert out[:4].tolist() == [[0, 0, 3], [2, 3, 22], [2, 19, 22], [3, 22, 23]]
+    assert (out[4:, 0] >= len(COUNTS)).all()
 
 
 @pytest.mark.parametrize("swap", [False, True])
