@@ -48,10 +48,9 @@ def _grouped_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, offsets_ptr,
     num_p = tl.cdiv(P, BP)
     t = pid // num_p
     pid_p = pid % num_p
-    e, row0, row_end = _find_tile(offsets_ptr, t, num_experts, BM, E_POW2)
+    e, first_row, row_end = _find_tile(offsets_ptr, t, num_experts, BM, E_POW2)
     if e < num_experts:  # the grid's spare tiles do nothing
-        row0 = row0.to(tl.int64)
-        offs_m = row0 + tl.arange(0, BM)
+        offs_m = first_row.to(tl.int64) + tl.arange(0, BM)
         m_ok = offs_m < row_end
         e64 = e.to(tl.int64)
         acc = tile_mainloop(a_ptr, stride_am, stride_ar, offs_m, m_ok,

@@ -1,13 +1,13 @@
-"""The decode GEMV and RoPE (with the q/k norm) compile for sm_90 on any machine: Triton's compiler and its bundled
-ptxas run without a GPU.
+"""The decode GEMV, RoPE (with the q/k norm) and the MoE kernels compile for sm_90 on any machine: Triton's compiler
+and its bundled ptxas run without a GPU.
 
 The interpreter that runs the other kernel tests on the CPU accepts code the compiler rejects (plain globals in jit
-code, type errors in branches a constexpr never takes), and both reached the GPU this way once (bench/RESULTS.md).
-This compiles `_gemv_kernel` (at M = 1 and M = 16 tiles), the descriptor (TMA) GEMV, gemv_mma.py's kernel (which
-the interpreter cannot run at all: inline PTX) and RoPE in a subprocess without TRITON_INTERPRET, the GEMVs with and
-without the fused LoRA, and checks ptxas' register report: no spills, and the M = 1 tile kernel within 168 registers
-per thread, which keeps the 12 one-warp programs per SM that configs._GEMV asks for resident (65,536 / (12 * 32) =
-170).
+code, type errors in branches a constexpr never takes, a branch that retypes a variable), and each reached the GPU
+this way once (bench/RESULTS.md). This compiles `_gemv_kernel` (at M = 1 and M = 16 tiles), the descriptor (TMA)
+GEMV, gemv_mma.py's kernel (which the interpreter cannot run at all: inline PTX), RoPE, the grouped MoE kernel and
+the combine's in a subprocess without TRITON_INTERPRET, the GEMVs with and without the fused LoRA, and checks
+ptxas' register report: no spills, and the M = 1 tile kernel within 168 registers per thread, which keeps the 12
+one-warp programs per SM that configs._GEMV asks for resident (65,536 / (12 * 32) = 170).
 """
 
 import functools
@@ -98,6 +98,28 @@ for norm in (False, True):
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=rope._rope_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
     report[f"rope-norm{int(norm)}"] = ptxas_report(src, num_warps=4, enable_fp_fusion=False)
+
+from orbit_lightning.kernels import grouped
+
+moe_combine = importlib.import_module("orbit_lightning.kernels.moe_combine")  # (shadowed by its function)
+
+names = list(inspect.signature(grouped._grouped_kernel.fn).parameters)
+pointers = {"a_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "gs_ptr": "*bf16", "out_ptr": "*bf16",
+            "offsets_ptr": "*i32"}
+for dx in (False, True):  # the decode bucket's tiles (the MoE decode path), forward and dX
+    const = dict(FMT=1, GROUP=32, DX=dx, SWAP=True, BM=16, BP=64, BR=256, PREC="tf32", K_EVEN=True, FAST_INT4=True,
+                 E_POW2=128)
+    sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
+    src = ASTSource(fn=grouped._grouped_kernel, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in const.items()})
+    report[f"grouped-dx{int(dx)}"] = ptxas_report(src, num_warps=4)
+for kernel, const in ((moe_combine._slot_sum_kernel, dict(WEIGHTED=True, BLOCK=1024, PDL=True)),
+                      (moe_combine._combine_backward_kernel, dict(YS_GRAD=True, W_GRAD=True, BLOCK=1024))):
+    names = list(inspect.signature(kernel.fn).parameters)
+    sig = {n: "constexpr" if n in const else ("*bf16" if n.endswith("_ptr") else "i32") for n in names}
+    sig.update({n: "*i64" for n in ("inv_ptr", "order_ptr") if n in sig})
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
+    report[kernel.fn.__name__] = ptxas_report(src, num_warps=4, enable_fp_fusion=False)
 print(json.dumps(report))
 """
 
@@ -126,7 +148,8 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     report = _report()
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
-                           "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1"}
+                           "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1",
+                           "grouped-dx0", "grouped-dx1", "_slot_sum_kernel", "_combine_backward_kernel"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
 
