@@ -56,8 +56,11 @@ _FAST: dict[str, tuple[tuple[int, TileConfig], ...]] = {
         (1 << 62, TileConfig(256, 128, 64, num_warps=8, num_stages=3, swap_ab=True)),
     ),
 }
-# Grouped MoE: M is the mean rows per expert, and split-K is never used there.
-_FAST["grouped_fwd"] = tuple((m, replace(c, split_k=1)) for m, c in _FAST["fwd"])
+# Grouped MoE: M is the mean rows per expert, and split-K is never used there. Decode (<= 16 rows per expert: up
+# to 256 tokens of a top-8-of-128 model) reads 128 of K per step: bench/RESULTS.md's sweep (H200, Qwen3-30B-A3B
+# gate and down at 1-64 tokens) found it 4-13 % faster than 256, and no other tile faster.
+_FAST["grouped_fwd"] = ((16, replace(_FAST["fwd"][0][1], block_r=128, split_k=1)),
+                        *((m, replace(c, split_k=1)) for m, c in _FAST["fwd"][1:]))
 _FAST["grouped_dx"] = tuple((m, replace(c, split_k=1)) for m, c in _FAST["dx"])
 
 # Batch-invariant mode: one config per kind whatever M is, never split. Forward and grouped forward
