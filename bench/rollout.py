@@ -65,6 +65,8 @@ def parse_args() -> argparse.Namespace:
                     help="replay the one-step graph per step, not the all-steps graph (runner.MULTI_STEP_GRAPH)")
     ap.add_argument("--torch-combine", action="store_true",
                     help="MoE: combine with torch's ops instead of kernels.moe_combine (the A/B of that kernel)")
+    ap.add_argument("--torch-sort", action="store_true",
+                    help="MoE: route with torch's argsort instead of kernels.sort_by_expert (the A/B of that kernel)")
     ap.add_argument("--attn-warps", type=int, default=None,
                     help="warps per attention program (kernels.attention.NUM_WARPS), to A/B it")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -90,6 +92,8 @@ def parse_args() -> argparse.Namespace:
         kernels_pdl.ENABLED = False
     if a.torch_combine:
         importlib.import_module("orbit_lightning.models.moe").KERNEL_COMBINE = False
+    if a.torch_sort:
+        importlib.import_module("orbit_lightning.models.moe").KERNEL_SORT = False
     if a.attn_warps:
         importlib.import_module("orbit_lightning.kernels.attention").NUM_WARPS = a.attn_warps
     if a.one_graph_per_step:

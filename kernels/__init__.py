@@ -2,7 +2,7 @@
 
 Fused dequant-GEMM forward and dX for int4 / fp8-block / mxfp4 / nvfp4 packed weights, a split-K
 small-M (decode) path, a grouped MoE GEMM over active experts, a one-pass `dequantize` (for chunked
-paths), the MoE combine and its backward, and a batch-invariant mode (`set_batch_invariant` /
+paths), the MoE routing sort, combine and its backward, and a batch-invariant mode (`set_batch_invariant` /
 `batch_invariant()`) with a matching RMSNorm. All entry points are plain torch functions without autograd.
 
 Triton launches a kernel on the *current* CUDA device, not on its tensors' device: with tensors on another
@@ -35,6 +35,7 @@ from .logsumexp import logsumexp
 from .lora import lora_add, lora_add_many
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
 from .moe_combine import moe_combine, moe_combine_backward, slot_sum
+from .moe_sort import sort_by_expert
 from .rmsnorm import add_rms_norm, rms_norm
 from .rope import rope
 from .sampling import sample
@@ -71,5 +72,6 @@ __all__ = [
     "set_batch_invariant",
     "silu_mul",
     "slot_sum",
+    "sort_by_expert",
     "supports",
 ]

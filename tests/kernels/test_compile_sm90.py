@@ -120,6 +120,13 @@ for kernel, const in ((moe_combine._slot_sum_kernel, dict(WEIGHTED=True, BLOCK=1
     sig.update({n: "*i64" for n in ("inv_ptr", "order_ptr") if n in sig})
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
     report[kernel.fn.__name__] = ptxas_report(src, num_warps=4, enable_fp_fusion=False)
+moe_sort = importlib.import_module("orbit_lightning.kernels.moe_sort")
+names = list(inspect.signature(moe_sort._sort_kernel.fn).parameters)
+const = dict(N_POW2=4096, BINS=512, PDL=True)
+sig = {n: "constexpr" if n in const else {"ids_ptr": "*i64", "offsets_ptr": "*i32"}.get(n, "*i64" if
+       n.endswith("_ptr") else "i32") for n in names}  # fmt: skip
+src = ASTSource(fn=moe_sort._sort_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
+report["_sort_kernel"] = ptxas_report(src, num_warps=8)
 print(json.dumps(report))
 """
 
@@ -149,7 +156,8 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
                            "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1",
-                           "grouped-dx0", "grouped-dx1", "_slot_sum_kernel", "_combine_backward_kernel"}
+                           "grouped-dx0", "grouped-dx1", "_slot_sum_kernel", "_combine_backward_kernel",
+                           "_sort_kernel"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
 

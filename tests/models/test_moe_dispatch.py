@@ -164,10 +164,10 @@ def test_permutation_gathers_give_autograds_index_gradients_bitwise(name):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", sorted(ROUTINGS))
-def test_kernel_combine_equals_torch_ops_gpu(name, monkeypatch):
-    # On CUDA the combine and the dispatch's backward take kernels.moe_combine / slot_sum; torch's ops are the
-    # oracle: the output bitwise, the gradients up to the order of their fp32 sums (bounded bit-tight in
-    # tests/kernels/test_moe_combine.py; here bf16's default tolerance checks the wiring).
+def test_routing_kernels_equal_torch_ops_gpu(name, monkeypatch):
+    # On CUDA the routing sort, the combine and the dispatch's backward take kernels.sort_by_expert / moe_combine /
+    # slot_sum; torch's ops are the oracle: the output bitwise, the gradients up to the order of their fp32 sums
+    # (bounded bit-tight in tests/kernels/test_moe_combine.py; here bf16's default tolerance checks the wiring).
     from orbit_lightning.models import moe
 
     experts = random_experts(dtype=torch.bfloat16).cuda().requires_grad_(False)
@@ -175,6 +175,7 @@ def test_kernel_combine_equals_torch_ops_gpu(name, monkeypatch):
     runs = []
     for kernel in (True, False):
         monkeypatch.setattr(moe, "KERNEL_COMBINE", kernel)
+        monkeypatch.setattr(moe, "KERNEL_SORT", kernel)
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         y = experts(xg, ids, wg)
         y.float().pow(2).sum().backward()

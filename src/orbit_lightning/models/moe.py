@@ -28,7 +28,9 @@ from .config import ModelConfig
 from .layers import MLP, silu_mul
 
 DEFAULT_CHUNK_MIB = 1024  # transient dequantized expert weights per chunked grouped call
-KERNEL_COMBINE = True  # the combine's kernels on CUDA (set False to compare against torch's ops, as bench/ does)
+# The routing's kernels on CUDA (set False to compare against torch's ops, as bench/'s --torch-* flags do).
+KERNEL_COMBINE = True  # kernels.moe_combine / slot_sum
+KERNEL_SORT = True  # kernels.sort_by_expert
 
 
 def experts_per_chunk(budget_mib: int, hidden: int, intermediate: int, dtype: torch.dtype) -> int:
@@ -138,10 +140,13 @@ def dispatch_experts(x: Tensor, topk_ids: Tensor, topk_w: Tensor, experts: Group
     expert MLP on device groups or chunk by chunk (`experts.chunk_size`), combine in a fixed order."""
     t, k = topk_ids.shape
     flat = topk_ids.reshape(-1)
-    order = flat.argsort(stable=True)  # (token, slot) pairs sorted by expert
-    inverse = _inverse_permutation(order)
+    if _kernel_sort(flat):  # the same three tensors in one launch (decode sizes)
+        order, inverse, offsets = kernels_module().sort_by_expert(flat, experts.num_experts)
+    else:
+        order = flat.argsort(stable=True)  # (token, slot) pairs sorted by expert
+        inverse = _inverse_permutation(order)
+        offsets = _expert_offsets(flat[order], num_experts=experts.num_experts)
     xs = _gather_tokens(x, order, inverse, k)
-    offsets = _expert_offsets(flat[order], num_experts=experts.num_experts)
     chunk = experts.chunk_size(flat.numel(), x.device)
     if chunk is None:
         ys = _expert_mlp(experts, xs, ExpertGroups(offsets))
@@ -243,6 +248,13 @@ def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype, inve
     for j in range(1, k):
         out = out + (y[j] * w[j][:, None]).to(dtype)
     return out
+
+
+def _kernel_sort(expert_ids: Tensor) -> bool:
+    """Whether the routing sort takes kernels.sort_by_expert: on CUDA where the kernels run, for batches it sorts
+    in one program (decode; larger ones keep torch's sort, whose launches they amortize)."""
+    return (KERNEL_SORT and expert_ids.is_cuda and kernels_run_on(expert_ids.device)
+            and expert_ids.numel() <= kernels_module().moe_sort.MAX_ROWS)
 
 
 def _kernel_combine(rows: Tensor) -> bool:

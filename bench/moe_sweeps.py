@@ -1,0 +1,136 @@
+"""Two MoE measurements behind choices in the code, on the Qwen3-30B-A3B layer (H200 numbers in bench/RESULTS.md).
+
+    python bench/moe_sweeps.py [--sections tiles carveout]
+
+- tiles: the fused grouped kernel's tile configs at decode sizes (1-64 tokens, top-8 of 128 experts), gate and
+  down, each against the shipped config (`kernels.configs`, "grouped_fwd"), timed by graph_us (cold L2, no host).
+  Every variant's output is checked against the shipped one's.
+- carveout: whether dequantizing the next projection on a side stream hides under torch's grouped GEMM when the GEMM
+  leaves C SMs free (`torch._C._set_sm_carveout_experimental`): the GEMM alone, and GEMM || dequantize, per C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from functools import partial
+
+import torch
+
+from orbit_lightning import kernels
+from orbit_lightning.quant.experts import QuantExperts
+
+_spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(os.path.dirname(__file__), "kernels.py"))
+bk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bk)
+
+EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768  # Qwen3-30B-A3B
+PROJECTIONS = {"gate": (HIDDEN, INTER), "down": (INTER, HIDDEN)}  # (K, N)
+
+
+def _experts(k: int, n: int) -> dict[str, torch.Tensor]:
+    """Packed int4 experts [E, n, k] (as QuantExperts' gate_proj holds them)."""
+    experts = QuantExperts(EXPERTS, k, n, "int4").cuda()
+    experts.random_init(torch.Generator("cuda").manual_seed(0))
+    return experts.packed("gate_proj")
+
+
+def section_tiles() -> None:
+    print("== fused grouped kernel, decode tiles: us (graph_us, cold L2); best four, and the shipped config ==")
+    for name, (k, n) in PROJECTIONS.items():
+        packed = _experts(k, n)
+        per_expert = sum(v.numel() * v.element_size() for v in packed.values()) / EXPERTS
+        for tokens in (1, 4, 16, 64):
+            ids = torch.rand(tokens, EXPERTS, device="cuda").topk(TOP_K, dim=-1).indices.reshape(-1)
+            counts = torch.bincount(ids, minlength=EXPERTS)
+            offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+            x = torch.randn(tokens * TOP_K, k, device="cuda", dtype=torch.bfloat16)
+            shipped = kernels.grouped_dequant_linear(x, offsets, "int4", packed)
+            times = {"shipped": bk.graph_us(kernels.grouped_dequant_linear, x, offsets, "int4", packed)}
+            for bm in (16, 32) if tokens >= 16 else (16,):
+                for bp in (16, 32, 64):
+                    for br in (128, 256, 512):
+                        for warps in (2, 4):
+                            cfg = kernels.TileConfig(bm, bp, br, num_warps=warps, num_stages=4, swap_ab=True)
+                            y = kernels.grouped_dequant_linear(x, offsets, "int4", packed, config=cfg)
+                            # other tiles sum K in another order: fp32 rounding, far below bf16's output rounding
+                            torch.testing.assert_close(y, shipped, rtol=2**-7, atol=1e-3)
+                            times[f"m{bm} p{bp} r{br} w{warps}"] = bk.graph_us(
+                                kernels.grouped_dequant_linear, x, offsets, "int4", packed, config=cfg)
+            best = sorted((t, label) for label, t in times.items())[:4]
+            active = int((counts > 0).sum())
+            print(f"{name} tokens {tokens:3d} ({active:3d} experts): shipped {times['shipped']:.1f} us; best "
+                  + ", ".join(f"{label} {t:.1f}" for t, label in best)
+                  + f" ({active * per_expert / best[0][0] / 1e3:.0f} GB/s)", flush=True)
+
+
+def _event_us(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[reps // 2]
+
+
+def section_carveout() -> None:
+    set_carveout = getattr(torch._C, "_set_sm_carveout_experimental", None)
+    if set_carveout is None:
+        print("== carveout: this torch has no SM carveout; skipped ==")
+        return
+    print("== dequantize (side stream) under torch's grouped GEMM with C SMs carved out: us (CUDA events) ==")
+    packed = _experts(HIDDEN, INTER)
+    w_gate = kernels.dequantize("int4", packed, torch.bfloat16)
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    for tokens in (8192, 16384):
+        rows = tokens * TOP_K
+        ends = torch.full((EXPERTS,), rows // EXPERTS, dtype=torch.int32, device="cuda").cumsum(0).to(torch.int32)
+        x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        gemm = partial(_carved_gemm, set_carveout, x, w_gate, ends)
+
+        def both(carveout, gemm=gemm):
+            y = gemm(carveout)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                w = kernels.dequantize("int4", packed, torch.bfloat16)
+            main.wait_stream(side)
+            return y, w
+
+        alone = _event_us(partial(gemm, None))
+        dq = _event_us(lambda: kernels.dequantize("int4", packed, torch.bfloat16))
+        print(f"{tokens} tokens: GEMM {alone:.0f} us, dequantize {dq:.0f} us, serial {alone + dq:.0f} us")
+        for carveout in (None, 8, 16, 32):
+            g, pair = _event_us(partial(gemm, carveout)), _event_us(partial(both, carveout))
+            print(f"  C = {carveout}: GEMM {g:.0f} us, GEMM || dequantize {pair:.0f} us, "
+                  f"saved {alone + dq - pair:.0f} us", flush=True)  # fmt: skip
+
+
+def _carved_gemm(set_carveout, x, w, ends, carveout):
+    """torch's grouped GEMM x @ w[e]^T with `carveout` SMs left out (None: all SMs)."""
+    set_carveout(carveout)
+    try:
+        return bk.GROUPED_MM(x, w.transpose(1, 2), offs=ends)
+    finally:
+        set_carveout(None)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sections", nargs="+", default=["tiles", "carveout"], choices=["tiles", "carveout"])
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/moe_sweeps.py needs a CUDA GPU")
+    print(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__}")
+    for section in args.sections:
+        {"tiles": section_tiles, "carveout": section_carveout}[section]()
+
+
+if __name__ == "__main__":
+    main()
