@@ -122,9 +122,12 @@ def main() -> None:
             measure(say, name, experts, proj, tokens, args.chunks, args.gpu_only)
             torch.cuda.empty_cache()
     if args.mlp:
-        for tokens in args.tokens:
-            measure_mlp(say, tokens, args.profile)
-            torch.cuda.empty_cache()
+        try:
+            for tokens in args.tokens:
+                measure_mlp(say, tokens, args.profile)
+                torch.cuda.empty_cache()
+        finally:
+            moe.KERNEL_COMBINE = True
 
 
 def measure_mlp(say, tokens: int, profile: bool = False) -> None:
@@ -147,7 +150,7 @@ def measure_mlp(say, tokens: int, profile: bool = False) -> None:
     times, peaks = {}, {}
     for label, experts, kernel_combine in (("bf16", plain, True), ("int4", packed, True),
                                            ("bf16 torch-combine", plain, False), ("int4 torch-combine", packed, False)):
-        moe.KERNEL_COMBINE = kernel_combine
+        moe.KERNEL_COMBINE = kernel_combine  # (restored in main, whatever happens here)
         step(experts)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -161,7 +164,6 @@ def measure_mlp(say, tokens: int, profile: bool = False) -> None:
                 torch.cuda.synchronize()
             say(f"\n{label} expert MLP, {tokens} tokens, one step:")
             say(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
-    moe.KERNEL_COMBINE = True
     for tag in ("", " torch-combine"):
         bf, q = f"bf16{tag}", f"int4{tag}"
         say(f"\nexpert MLP fwd+bwd{tag or ' (kernel combine)'}, {tokens} tokens: bf16 grouped_mm {times[bf]:.0f} us "

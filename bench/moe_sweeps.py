@@ -1,12 +1,14 @@
-"""Two MoE measurements behind choices in the code, on the Qwen3-30B-A3B layer (H200 numbers in bench/RESULTS.md).
+"""MoE measurements behind choices in the code, on the Qwen3-30B-A3B layer (H200 numbers in bench/RESULTS.md).
 
-    python bench/moe_sweeps.py [--sections tiles carveout]
+    python bench/moe_sweeps.py [--sections tiles carveout sort]
 
 - tiles: the fused grouped kernel's tile configs at decode sizes (1-64 tokens, top-8 of 128 experts), gate and
   down, each against the shipped config (`kernels.configs`, "grouped_fwd"), timed by graph_us (cold L2, no host).
   Every variant's output is checked against the shipped one's.
 - carveout: whether dequantizing the next projection on a side stream hides under torch's grouped GEMM when the GEMM
   leaves C SMs free (`torch._C._set_sm_carveout_experimental`): the GEMM alone, and GEMM || dequantize, per C.
+- sort: kernels.sort_by_expert against torch's argsort + inverse + offsets, up to its MAX_ROWS (4096 pairs), where
+  models.moe hands larger batches to torch.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def section_tiles() -> None:
         packed = _experts(k, n)
         per_expert = sum(v.numel() * v.element_size() for v in packed.values()) / EXPERTS
         for tokens in (1, 4, 16, 64):
-            ids = torch.rand(tokens, EXPERTS, device="cuda").topk(TOP_K, dim=-1).indices.reshape(-1)
+            gen = torch.Generator("cuda").manual_seed(tokens)  # the same routing in every run
+            ids = torch.rand(tokens, EXPERTS, device="cuda", generator=gen).topk(TOP_K, dim=-1).indices.reshape(-1)
             counts = torch.bincount(ids, minlength=EXPERTS)
             offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
             x = torch.randn(tokens * TOP_K, k, device="cuda", dtype=torch.bfloat16)
@@ -121,15 +124,34 @@ def _carved_gemm(set_carveout, x, w, ends, carveout):
         set_carveout(None)
 
 
+def _torch_sort(ids: torch.Tensor):
+    """What models.moe runs without kernels.sort_by_expert: stable argsort, inverse, offsets."""
+    order = ids.argsort(stable=True)
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=ids.device))
+    ends = torch.searchsorted(ids[order], torch.arange(EXPERTS, device=ids.device), right=True, out_int32=True)
+    return order, inverse, torch.cat([ends.new_zeros(1), ends])
+
+
+def section_sort() -> None:
+    print("== routing sort: kernels.sort_by_expert against torch's ops, us (graph_us) ==")
+    for tokens in (1, 64, 256, 512):
+        gen = torch.Generator("cuda").manual_seed(tokens)
+        ids = torch.rand(tokens, EXPERTS, device="cuda", generator=gen).topk(TOP_K, dim=-1).indices.reshape(-1)
+        assert all(torch.equal(a, b) for a, b in zip(kernels.sort_by_expert(ids, EXPERTS), _torch_sort(ids)))
+        kernel, ops = bk.graph_us(kernels.sort_by_expert, ids, EXPERTS), bk.graph_us(_torch_sort, ids)
+        print(f"{ids.numel():5d} pairs: kernel {kernel:.1f} us, torch's ops {ops:.1f} us", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", nargs="+", default=["tiles", "carveout"], choices=["tiles", "carveout"])
+    p.add_argument("--sections", nargs="+", default=["tiles", "carveout", "sort"],
+                   choices=["tiles", "carveout", "sort"])
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/moe_sweeps.py needs a CUDA GPU")
     print(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__}")
     for section in args.sections:
-        {"tiles": section_tiles, "carveout": section_carveout}[section]()
+        {"tiles": section_tiles, "carveout": section_carveout, "sort": section_sort}[section]()
 
 
 if __name__ == "__main__":

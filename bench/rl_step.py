@@ -35,13 +35,15 @@ def main() -> None:
     ap.add_argument("--deterministic", action="store_true",
                     help="batch-invariant mode in the engine and the trainer (rollout.deterministic)")
     ap.add_argument("--torch-combine", action="store_true",
-                    help="MoE: combine with torch's ops instead of kernels.moe_combine (the A/B of that kernel)")
+                    help="MoE: combine (and the dispatch's backward) with torch's ops instead of kernels.moe_combine "
+                         "/ slot_sum (the A/B of those kernels)")
+    ap.add_argument("--torch-sort", action="store_true",
+                    help="MoE: route with torch's argsort instead of kernels.sort_by_expert (the A/B of that kernel)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    if args.torch_combine:
-        from orbit_lightning.models import moe
+    from orbit_lightning.models import moe
 
-        moe.KERNEL_COMBINE = False
+    moe.KERNEL_COMBINE, moe.KERNEL_SORT = not args.torch_combine, not args.torch_sort
 
     import lightning as L
     import peft

@@ -64,7 +64,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--one-graph-per-step", action="store_true",
                     help="replay the one-step graph per step, not the all-steps graph (runner.MULTI_STEP_GRAPH)")
     ap.add_argument("--torch-combine", action="store_true",
-                    help="MoE: combine with torch's ops instead of kernels.moe_combine (the A/B of that kernel)")
+                    help="MoE: combine (and the dispatch's backward) with torch's ops instead of kernels.moe_combine "
+                         "/ slot_sum (the A/B of those kernels)")
     ap.add_argument("--torch-sort", action="store_true",
                     help="MoE: route with torch's argsort instead of kernels.sort_by_expert (the A/B of that kernel)")
     ap.add_argument("--attn-warps", type=int, default=None,

@@ -3,8 +3,8 @@
 Rows are sorted by expert; expert e owns rows expert_offsets[e]:expert_offsets[e+1]. The row tiles of the
 experts that got tokens are numbered in expert order, and program (t, P tile) finds its tile t's expert and
 first row from the offsets itself (`_find_tile`), so weights of experts without tokens are never read and no
-tile map is built first: that took ~15 small launches per call, ~0.5 ms of a 1.7 ms MoE decode step
-(bench/RESULTS.md). Transient memory is one register tile per program, whatever the number of experts.
+tile map is built first (one took ~15 small torch launches per call, most of a MoE decode step's glue:
+bench/RESULTS.md). Transient memory is one register tile per program, whatever the number of experts.
 """
 
 from __future__ import annotations

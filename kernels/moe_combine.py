@@ -4,10 +4,12 @@ summed) in one.
 Rows arrive sorted by expert; row inverse[t * k + j] holds token t's slot j (`order` is the inverse permutation).
 - `moe_combine`: out[t] = sum over j = 0..k-1 of w[t, j] * ys[inverse[t * k + j]], rounded to the dtype after every
   product and every sum: the steps torch takes for models.moe's `y_j * w_j + ...` (fp32 opmath, round to nearest
-  even, no contraction), so the two are bitwise equal on CUDA. Torch needs 2k - 1 launches, each through its
-  non-vectorized broadcast kernel, and autograd keeps k gathered slot copies; here the k rows are read in place.
+  even, no contraction), so the two are bitwise equal on CUDA. Torch needs a gather and 2k - 1 launches, each
+  through its non-vectorized broadcast kernel, and autograd keeps the k gathered slot copies; here the k rows are
+  read in place.
 - `slot_sum`: out[t] = the k rows summed in fp32, rounded once: `rows[inverse].view(T, k, D).sum(1)` without
-  writing the gathered copy (equal up to the order of the fp32 sum).
+  writing the gathered copy (equal up to the order of the fp32 sum, and the sign of an all-zero sum: torch starts
+  from +0, this from the first row).
 - `moe_combine_backward`: per sorted row r, (t, j) = divmod(order[r], k): grad_ys[r] = dout[t] * w[t, j] (torch's
   rounding, bitwise) and grad_w[t, j] = sum over d of dout[t, d] * ys[r, d], each product rounded to the dtype and
   the sum in fp32 (torch's steps; the order of the fp32 sum differs).
@@ -73,18 +75,20 @@ def _combine_backward_kernel(dout_ptr, ys_ptr, order_ptr, w_ptr, gys_ptr, gw_ptr
         tl.store(gw_ptr + o, tl.sum(s, axis=0).to(dt))
 
 
-def _check(what: str, rows: Tensor, index: Tensor, w: Tensor | None, k: int) -> None:
-    if rows.dim() != 2 or rows.dtype not in _DTYPES:
-        raise ValueError(f"{what}: rows must be 2-D bf16/fp16/fp32 [T * k, D], got {tuple(rows.shape)} {rows.dtype}")
-    if index.dtype != torch.int64 or index.dim() != 1 or index.numel() != rows.shape[0]:
-        raise ValueError(f"{what}: the permutation must be int64 [T * k] = [{rows.shape[0]}], "
+def _check(what: str, rows: tuple[int, ...], dtype: torch.dtype, device: torch.device, index: Tensor,
+           w: Tensor | None, k: int) -> None:
+    """rows, dtype, device: those of the [T * k, D] rows; index: the permutation; w: the [T, k] weights, if any."""
+    if len(rows) != 2 or dtype not in _DTYPES:
+        raise ValueError(f"{what}: rows must be 2-D bf16/fp16/fp32 [T * k, D], got {rows} {dtype}")
+    if index.dtype != torch.int64 or index.dim() != 1 or index.numel() != rows[0]:
+        raise ValueError(f"{what}: the permutation must be int64 [T * k] = [{rows[0]}], "
                          f"got {tuple(index.shape)} {index.dtype}")
-    if k < 1 or rows.shape[0] % k:
-        raise ValueError(f"{what}: {rows.shape[0]} rows do not split into slots of k = {k}")
-    if w is not None and (w.dtype != rows.dtype or tuple(w.shape) != (rows.shape[0] // k, k)):
-        raise ValueError(f"{what}: weights must be [T, k] = [{rows.shape[0] // k}, {k}] in {rows.dtype}, "
+    if k < 1 or rows[0] % k:
+        raise ValueError(f"{what}: {rows[0]} rows do not split into slots of k = {k}")
+    if w is not None and (w.dtype != dtype or tuple(w.shape) != (rows[0] // k, k)):
+        raise ValueError(f"{what}: weights must be [T, k] = [{rows[0] // k}, {k}] in {dtype}, "
                          f"got {tuple(w.shape)} {w.dtype}")
-    if any(t.device != rows.device for t in (index, *(() if w is None else (w,)))):
+    if any(t.device != device for t in (index, *(() if w is None else (w,)))):
         raise ValueError(f"{what}: rows, permutation and weights must be on one device")
 
 
@@ -109,32 +113,40 @@ def _slot_sum(rows: Tensor, inverse: Tensor, w: Tensor | None, k: int) -> Tensor
 def moe_combine(ys: Tensor, inverse: Tensor, topk_w: Tensor) -> Tensor:
     """ys [T * k, D] expert rows sorted by expert, inverse int64 [T * k] (row of token t's slot j at t * k + j),
     topk_w [T, k] in ys' dtype -> [T, D]: each token's rows weighted and summed in slot order (see the module)."""
-    _check("moe_combine", ys, inverse, topk_w, topk_w.shape[-1] if topk_w.dim() == 2 else 0)
+    _check("moe_combine", tuple(ys.shape), ys.dtype, ys.device, inverse, topk_w,
+           topk_w.shape[-1] if topk_w.dim() == 2 else 0)
     return _slot_sum(ys, inverse, topk_w, topk_w.shape[1])
 
 
 def slot_sum(rows: Tensor, inverse: Tensor, k: int) -> Tensor:
     """rows [T * k, D] sorted by expert, inverse as moe_combine's -> [T, D]: each token's k rows summed in fp32."""
-    _check("slot_sum", rows, inverse, None, k)
+    _check("slot_sum", tuple(rows.shape), rows.dtype, rows.device, inverse, None, k)
     return _slot_sum(rows, inverse, None, k)
 
 
-def moe_combine_backward(dout: Tensor, ys: Tensor, order: Tensor, topk_w: Tensor, ys_grad: bool = True,
-                         w_grad: bool = True) -> tuple[Tensor | None, Tensor | None]:
-    """Gradients of moe_combine for dout [T, D]: (grad of ys [T * k, D], grad of topk_w [T, k]), each None unless
-    asked for; order int64 [T * k] is the sort (sorted row r holds token order[r] // k's slot order[r] % k)."""
-    k = topk_w.shape[-1] if topk_w.dim() == 2 else 0
-    _check("moe_combine_backward", ys, order, topk_w, k)
-    if dout.shape != (ys.shape[0] // k, ys.shape[1]) or dout.dtype != ys.dtype or dout.device != ys.device:
-        raise ValueError(f"moe_combine_backward: dout must be [T, D] = [{ys.shape[0] // k}, {ys.shape[1]}] in "
-                         f"{ys.dtype}, got {tuple(dout.shape)} {dout.dtype}")
-    gys = torch.empty_like(ys, memory_format=torch.contiguous_format) if ys_grad else None
-    gw = torch.empty(topk_w.shape, dtype=ys.dtype, device=ys.device) if w_grad else None
-    if ys.numel() and (ys_grad or w_grad):
-        dout, ys, w = _rows(dout), _rows(ys), _rows(topk_w)
-        _combine_backward_kernel[(ys.shape[0],)](
-            dout, ys, order.contiguous(), w, ys if gys is None else gys, w if gw is None else gw, ys.shape[1], k,
-            dout.stride(0), ys.stride(0), w.stride(0), ys.shape[1], YS_GRAD=ys_grad, W_GRAD=w_grad, BLOCK=_BLOCK,
+def moe_combine_backward(dout: Tensor, order: Tensor, topk_w: Tensor, ys: Tensor | None = None,
+                         ys_grad: bool = True) -> tuple[Tensor | None, Tensor | None]:
+    """Gradients of moe_combine for dout [T, D]: (grad of ys [T * k, D] if ys_grad, grad of topk_w [T, k] if the
+    rows `ys` are given: only that gradient reads them, so a caller whose weights need none need not keep them).
+    order int64 [T * k] is the sort: sorted row r holds token order[r] // k's slot order[r] % k."""
+    if dout.dim() != 2 or topk_w.dim() != 2:
+        raise ValueError(f"moe_combine_backward: dout must be [T, D] and topk_w [T, k], got {tuple(dout.shape)} "
+                         f"and {tuple(topk_w.shape)}")
+    (t, d), k = dout.shape, topk_w.shape[1]
+    _check("moe_combine_backward", (t * k, d), dout.dtype, dout.device, order, topk_w, k)
+    if ys is not None and (ys.shape != (t * k, d) or ys.dtype != dout.dtype or ys.device != dout.device):
+        raise ValueError(f"moe_combine_backward: ys must be [T * k, D] = [{t * k}, {d}] in {dout.dtype} like dout, "
+                         f"got {tuple(ys.shape)} {ys.dtype}")
+    w_grad = ys is not None
+    gys = torch.empty((t * k, d), dtype=dout.dtype, device=dout.device) if ys_grad else None
+    gw = torch.empty((t, k), dtype=dout.dtype, device=dout.device) if w_grad else None
+    if t * k * d and (ys_grad or w_grad):
+        dout, w = _rows(dout), _rows(topk_w)
+        ys = _rows(ys) if w_grad else dout  # (unread without W_GRAD)
+        # No PDL wait: a training backward, never in a decode graph.
+        _combine_backward_kernel[(t * k,)](
+            dout, ys, order.contiguous(), w, dout if gys is None else gys, w if gw is None else gw, d, k,
+            dout.stride(0), ys.stride(0), w.stride(0), d, YS_GRAD=ys_grad, W_GRAD=w_grad, BLOCK=_BLOCK,
             num_warps=4, enable_fp_fusion=False)  # fmt: skip
     elif gw is not None:
         gw.zero_()

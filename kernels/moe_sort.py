@@ -17,7 +17,13 @@ from torch import Tensor
 
 from .pdl import use_pdl, wait_for_producers
 
-MAX_ROWS = 4096  # one program's bitonic sort; the keys expert * N + i must stay below 2**31
+MAX_ROWS = 4096  # pairs one program sorts (a bitonic sort in registers); larger batches take torch's radix sort
+
+
+def sorts(n: int, num_experts: int) -> bool:
+    """Whether sort_by_expert takes n pairs of num_experts experts: at most MAX_ROWS, and keys (expert * N + i, N
+    the pairs rounded up to a power of two) that fit an int32."""
+    return n <= MAX_ROWS and num_experts * triton.next_power_of_2(max(n, 1)) < 2**31
 
 
 @triton.jit
@@ -46,7 +52,7 @@ def sort_by_expert(expert_ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor
         raise ValueError(f"sort_by_expert takes int32/int64 [n] expert ids, got {tuple(expert_ids.shape)} "
                          f"{expert_ids.dtype}")
     n_pow2 = triton.next_power_of_2(max(n, 1))
-    if n > MAX_ROWS or num_experts * n_pow2 >= 2**31:
+    if not sorts(n, num_experts):
         raise ValueError(f"sort_by_expert sorts at most {MAX_ROWS} rows (keys expert * rows < 2**31), got {n} rows "
                          f"of {num_experts} experts; sort larger batches with torch.argsort")
     device = expert_ids.device

@@ -99,20 +99,21 @@ for norm in (False, True):
     src = ASTSource(fn=rope._rope_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
     report[f"rope-norm{int(norm)}"] = ptxas_report(src, num_warps=4, enable_fp_fusion=False)
 
-from orbit_lightning.kernels import grouped
+from orbit_lightning.kernels import configs, grouped
 
 moe_combine = importlib.import_module("orbit_lightning.kernels.moe_combine")  # (shadowed by its function)
 
 names = list(inspect.signature(grouped._grouped_kernel.fn).parameters)
-pointers = {"a_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "gs_ptr": "*bf16", "out_ptr": "*bf16",
-            "offsets_ptr": "*i32"}
-for dx in (False, True):  # the decode bucket's tiles (the MoE decode path), forward and dX
-    const = dict(FMT=1, GROUP=32, DX=dx, SWAP=True, BM=16, BP=64, BR=256, PREC="tf32", K_EVEN=True, FAST_INT4=True,
-                 E_POW2=128)
-    sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
+pointers = {"a_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "gs_ptr": "*bf16", "out_ptr": "*bf16"}
+for dx, offsets in ((False, "*i32"), (True, "*i32"), (False, "*i64")):  # the shipped decode bucket (MoE decode)
+    cfg = configs._FAST["grouped_dx" if dx else "grouped_fwd"][0][1]
+    const = dict(FMT=1, GROUP=32, DX=dx, SWAP=cfg.swap_ab, BM=cfg.block_m, BP=cfg.block_p, BR=cfg.block_r,
+                 PREC="tf32", K_EVEN=True, FAST_INT4=True, E_POW2=128)
+    sig = {n: "constexpr" if n in const else dict(pointers, offsets_ptr=offsets).get(n, "i32") for n in names}
     src = ASTSource(fn=grouped._grouped_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    report[f"grouped-dx{int(dx)}"] = ptxas_report(src, num_warps=4)
+    report[f"grouped-dx{int(dx)}-{offsets[1:]}"] = ptxas_report(src, num_warps=cfg.num_warps,
+                                                                num_stages=cfg.num_stages)
 for kernel, const in ((moe_combine._slot_sum_kernel, dict(WEIGHTED=True, BLOCK=1024, PDL=True)),
                       (moe_combine._combine_backward_kernel, dict(YS_GRAD=True, W_GRAD=True, BLOCK=1024))):
     names = list(inspect.signature(kernel.fn).parameters)
@@ -156,7 +157,8 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
                            "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1",
-                           "grouped-dx0", "grouped-dx1", "_slot_sum_kernel", "_combine_backward_kernel",
+                           "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
+                           "_combine_backward_kernel",
                            "_sort_kernel"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report

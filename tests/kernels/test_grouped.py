@@ -34,12 +34,16 @@ def _find_tiles(offsets_ptr, out_ptr, num_experts, BM: tl.constexpr, E_POW2: tl.
     tl.store(out_ptr + 3 * t + 2, end)
 
 
-def test_each_program_finds_its_tile_among_active_experts_only():
-    out = torch.zeros(8, 3, dtype=torch.int32)
-    _find_tiles[(8,)](_offsets(COUNTS), out, len(COUNTS), BM=16, E_POW2=8)
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+def test_each_program_finds_its_tile_among_active_experts_only(offsets_dtype):
+    out = torch.zeros(8, 3, dtype=torch.int64)
+    _find_tiles[(8,)](_offsets(COUNTS).to(offsets_dtype), out, len(COUNTS), BM=16, E_POW2=8)
     # expert 0: rows 0..2 (1 tile); expert 2: rows 3..21 (2 tiles); expert 3: row 22; then past the last tile.
     assert out[:4].tolist() == [[0, 0, 3], [2, 3, 22], [2, 19, 22], [3, 22, 23]]
     assert (out[4:, 0] >= len(COUNTS)).all()
+    one = torch.zeros(3, 3, dtype=torch.int64)  # a single expert (E_POW2 = 1)
+    _find_tiles[(3,)](_offsets([20]).to(offsets_dtype), one, 1, BM=16, E_POW2=1)
+    assert one[:2].tolist() == [[0, 0, 20], [0, 16, 20]] and one[2, 0] >= 1
 
 
 @pytest.mark.parametrize("swap", [False, True])

@@ -22,7 +22,12 @@ def _case(t, k, d, e, dtype, device, seed=0):
     order = ids.reshape(-1).argsort(stable=True)
     inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=device))
     ys = torch.randn(t * k, d, generator=gen, device=device).to(dtype)
-    ys[0, :3] = torch.tensor([0.0, -0.0, 0.0])  # signed zeros: torch's first term is the product itself
+    # Signed zeros in token 0's columns 0-2: all slots -0 (the sum must stay -0, since torch's first term is the
+    # product itself, not 0 + it), the first slot alone -0, the first slot alone +0.
+    slots = inverse[:k]
+    ys[slots, 0] = -0.0
+    ys[slots, 1:3] = 0.0
+    ys[slots[0], 1] = -0.0
     w = torch.rand(t, k, generator=gen, device=device).softmax(-1).to(dtype)
     return ys, w, order, inverse
 
@@ -56,7 +61,7 @@ def _check_combine(t, k, d, dtype, device):
 
     dout = torch.randn(want.shape, generator=torch.Generator(device=device).manual_seed(1), device=device).to(dtype)
     want.backward(dout)
-    gys, gw = kernels.moe_combine_backward(dout, ys.detach(), order, w.detach())
+    gys, gw = kernels.moe_combine_backward(dout, order, w.detach(), ys.detach())
     assert torch.equal(_bits(gys), _bits(ys.grad))  # dout[t] * w[t, j], rounded once: bitwise
     # grad_w: torch's products rounded to the dtype, summed in fp32 over D; the kernel rounds them alike
     prods = (dout.double()[order // k] * ys.detach().double()).to(dtype).double()  # [T k, D], sorted rows
@@ -82,27 +87,38 @@ def test_slot_sum_cpu(dtype):
     got = kernels.slot_sum(rows, inverse, k)
     terms = rows.double()[inverse].view(t, k, d)
     assert ((got.double() - terms.sum(1)).abs() <= _fp32_sum_bound(terms, 1, dtype)).all()
-    want = rows[inverse].view(t, k, d).sum(1)  # what the dispatch's backward ran before
-    torch.testing.assert_close(got, want, rtol=torch.finfo(dtype).eps, atol=0)
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-def test_combine_empty_partial_grads_and_bad_inputs():
+def test_combine_empty_partial_strided_and_bad_inputs():
     ys, w, order, inverse = _case(3, 2, 40, 4, torch.float32, "cpu")
-    assert kernels.moe_combine(ys[:0], inverse[:0], w[:0]).shape == (0, 40)
     dout = torch.randn(3, 40)
-    gys, gw = kernels.moe_combine_backward(dout, ys, order, w, ys_grad=False)
-    assert gys is None and gw.shape == (3, 2)
-    gys_only, none = kernels.moe_combine_backward(dout, ys, order, w, w_grad=False)
-    assert none is None and torch.equal(gys_only, kernels.moe_combine_backward(dout, ys, order, w)[0])
+    gys, gw = kernels.moe_combine_backward(dout, order, w, ys)
+    # each gradient alone, and strided inputs (rows of a wider buffer), give the same values
+    assert torch.equal(kernels.moe_combine_backward(dout, order, w, ys, ys_grad=False)[1], gw)
+    assert torch.equal(kernels.moe_combine_backward(dout, order, w)[0], gys)
+    assert kernels.moe_combine_backward(dout, order, w)[1] is None
+    wide = torch.randn(6, 50)
+    wide[:, :40] = ys
+    strided_w = torch.randn(3, 4)[:, ::2]
+    strided_w.copy_(w)
+    assert torch.equal(kernels.moe_combine(wide[:, :40], inverse, strided_w), kernels.moe_combine(ys, inverse, w))
+    strided = kernels.moe_combine_backward(torch.randn(3, 50)[:, :40].copy_(dout), order, strided_w, wide[:, :40])
+    assert torch.equal(strided[0], gys) and torch.equal(strided[1], gw)
+    # no tokens, and no features (the weights' gradient is then 0)
+    assert kernels.moe_combine(ys[:0], inverse[:0], w[:0]).shape == (0, 40)
+    none = kernels.moe_combine_backward(dout[:0], order[:0], w[:0], ys[:0])
+    assert none[0].shape == (0, 40) and none[1].shape == (0, 2)
+    _, zero = kernels.moe_combine_backward(dout[:, :0], order, w, ys[:, :0])
+    assert torch.equal(zero, torch.zeros(3, 2))
     with pytest.raises(ValueError, match="weights must be"):
         kernels.moe_combine(ys, inverse, w.half())
     with pytest.raises(ValueError, match="int64"):
         kernels.moe_combine(ys, inverse.int(), w)
     with pytest.raises(ValueError, match="slots of k"):
         kernels.slot_sum(ys, inverse, 4)
-    with pytest.raises(ValueError, match="dout must be"):
-        kernels.moe_combine_backward(dout[:2], ys, order, w)
+    with pytest.raises(ValueError, match="ys must be"):
+        kernels.moe_combine_backward(dout, order, w, ys[:, :8])
 
 
 @pytest.mark.gpu
@@ -111,6 +127,7 @@ def test_combine_empty_partial_grads_and_bad_inputs():
 def test_combine_and_backward_gpu(dtype):
     _check_combine(300, 8, 2048, dtype, "cuda")
     _check_combine(3, 6, 7168 + 8, dtype, "cuda")  # DeepSeek-V3 width with a tail
+    _check_combine(5, 1, 64, dtype, "cuda")
 
 
 @pytest.mark.gpu

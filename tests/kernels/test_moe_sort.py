@@ -19,8 +19,8 @@ def _check(ids: torch.Tensor, num_experts: int) -> None:
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("n,experts", [(8, 128), (37, 5), (64, 7), (1, 1), (0, 4)],
-                         ids=["decode-top8", "odd", "experts-2^k-1", "one", "empty"])
+@pytest.mark.parametrize("n,experts", [(8, 128), (37, 5), (37, 7), (64, 5), (1, 1), (0, 4)],
+                         ids=["decode-top8", "odd", "pad-bin-is-expert-count", "no-pads", "one", "empty"])
 def test_sort_by_expert_cpu(n, experts):
     gen = torch.Generator().manual_seed(n)
     ids = torch.randint(experts, (n,), generator=gen)  # repeats: the sort must keep their order

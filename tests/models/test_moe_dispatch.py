@@ -161,28 +161,58 @@ def test_permutation_gathers_give_autograds_index_gradients_bitwise(name):
     assert all(torch.equal(a, b) for a, b in zip(dw0, dw1))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", sorted(ROUTINGS))
-def test_routing_kernels_equal_torch_ops_gpu(name, monkeypatch):
-    # On CUDA the routing sort, the combine and the dispatch's backward take kernels.sort_by_expert / moe_combine /
-    # slot_sum; torch's ops are the oracle: the output bitwise, the gradients up to the order of their fp32 sums
-    # (bounded bit-tight in tests/kernels/test_moe_combine.py; here bf16's default tolerance checks the wiring).
+def _routing_kernels_against_torch_ops(name, device, dtype, monkeypatch, force=False):
+    """experts(x) forward + backward (x and the routing weights need gradients) with the routing's kernels, which
+    must run (spied), and with torch's ops: the outputs bitwise, the gradients up to the order of their fp32 sums
+    (bounded bit-tight in tests/kernels/test_moe_combine.py; here the dtype's default tolerance checks the wiring)."""
+    from orbit_lightning import kernels
     from orbit_lightning.models import moe
 
-    experts = random_experts(dtype=torch.bfloat16).cuda().requires_grad_(False)
-    x, ids, w = (t.cuda() for t in routing(name, dtype=torch.bfloat16))
+    ran = set()
+
+    def spied(name, fn):
+        def spy(*args, **kwargs):
+            ran.add(name)
+            return fn(*args, **kwargs)
+
+        return spy
+
+    for name_ in ("sort_by_expert", "moe_combine", "moe_combine_backward", "slot_sum"):
+        monkeypatch.setattr(kernels, name_, spied(name_, getattr(kernels, name_)))
+    experts = random_experts(dtype=dtype).to(device).requires_grad_(False)
+    x, ids, w = (t.to(device) for t in routing(name, dtype=dtype))
     runs = []
     for kernel in (True, False):
         monkeypatch.setattr(moe, "KERNEL_COMBINE", kernel)
         monkeypatch.setattr(moe, "KERNEL_SORT", kernel)
+        if force:  # the CPU: the interpreter runs the kernels where the model would not take them
+            monkeypatch.setattr(moe, "_kernel_combine", lambda rows, k=kernel: k)
+            monkeypatch.setattr(moe, "_kernel_sort", lambda ids_, e, k=kernel: k)
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         y = experts(xg, ids, wg)
         y.float().pow(2).sum().backward()
         with torch.no_grad():
             y_decode = experts(x, ids, w)
         runs.append((y.detach(), y_decode, xg.grad, wg.grad))
+        assert ran == ({"sort_by_expert", "moe_combine", "moe_combine_backward", "slot_sum"} if kernel else set())
+        ran.clear()
     (y0, yd0, dx0, dw0), (y1, yd1, dx1, dw1) = runs
     assert torch.equal(y0, y1) and torch.equal(yd0, yd1) and torch.equal(y0, yd0)
     torch.testing.assert_close(dx0, dx1)
     torch.testing.assert_close(dw0, dw1)
+
+
+@pytest.mark.parametrize("name", sorted(ROUTINGS))
+def test_routing_kernels_equal_torch_ops_cpu(name, monkeypatch):
+    from orbit_lightning import kernels
+
+    if not kernels.kernels_available("cpu"):
+        pytest.skip("Triton's interpreter was not enabled before the kernels were imported")
+    _routing_kernels_against_torch_ops(name, "cpu", torch.float32, monkeypatch, force=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(ROUTINGS))
+def test_routing_kernels_equal_torch_ops_gpu(name, monkeypatch):
+    _routing_kernels_against_torch_ops(name, "cuda", torch.bfloat16, monkeypatch)

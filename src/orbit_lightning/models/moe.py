@@ -29,7 +29,7 @@ from .layers import MLP, silu_mul
 
 DEFAULT_CHUNK_MIB = 1024  # transient dequantized expert weights per chunked grouped call
 # The routing's kernels on CUDA (set False to compare against torch's ops, as bench/'s --torch-* flags do).
-KERNEL_COMBINE = True  # kernels.moe_combine / slot_sum
+KERNEL_COMBINE = True  # kernels.moe_combine and its backward, and the dispatch's backward (kernels.slot_sum)
 KERNEL_SORT = True  # kernels.sort_by_expert
 
 
@@ -140,7 +140,7 @@ def dispatch_experts(x: Tensor, topk_ids: Tensor, topk_w: Tensor, experts: Group
     expert MLP on device groups or chunk by chunk (`experts.chunk_size`), combine in a fixed order."""
     t, k = topk_ids.shape
     flat = topk_ids.reshape(-1)
-    if _kernel_sort(flat):  # the same three tensors in one launch (decode sizes)
+    if _kernel_sort(flat, experts.num_experts):  # the same three tensors in one launch (decode sizes)
         order, inverse, offsets = kernels_module().sort_by_expert(flat, experts.num_experts)
     else:
         order = flat.argsort(stable=True)  # (token, slot) pairs sorted by expert
@@ -250,11 +250,11 @@ def _combine(ys: Tensor, order: Tensor, topk_w: Tensor, dtype: torch.dtype, inve
     return out
 
 
-def _kernel_sort(expert_ids: Tensor) -> bool:
-    """Whether the routing sort takes kernels.sort_by_expert: on CUDA where the kernels run, for batches it sorts
-    in one program (decode; larger ones keep torch's sort, whose launches they amortize)."""
+def _kernel_sort(expert_ids: Tensor, num_experts: int) -> bool:
+    """Whether the routing sort takes kernels.sort_by_expert: on CUDA where the kernels run, for the batches it
+    sorts in one program (decode; larger ones keep torch's sort, whose launches they amortize)."""
     return (KERNEL_SORT and expert_ids.is_cuda and kernels_run_on(expert_ids.device)
-            and expert_ids.numel() <= kernels_module().moe_sort.MAX_ROWS)
+            and kernels_module().moe_sort.sorts(expert_ids.numel(), num_experts))
 
 
 def _kernel_combine(rows: Tensor) -> bool:
@@ -267,18 +267,18 @@ def _kernel_combine(rows: Tensor) -> bool:
 
 class _KernelCombine(torch.autograd.Function):
     """kernels.moe_combine with its backward kernel: ys is read in place, where torch's ops keep k gathered slot
-    copies for the weights' gradient and launch 2k - 1 broadcast kernels each way."""
+    copies for the weights' gradient and launch a gather and 2k - 1 broadcast kernels each way."""
 
     @staticmethod
     def forward(ctx, ys: Tensor, topk_w: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
-        ctx.save_for_backward(ys, topk_w, order)
+        # ys only for the weights' gradient: a frozen router (LoRA-only RL) keeps no [T * k, D] copy alive
+        ctx.save_for_backward(ys if ctx.needs_input_grad[1] else None, topk_w, order)
         return kernels_module().moe_combine(ys, inverse, topk_w)
 
     @staticmethod
     def backward(ctx, dout: Tensor):
         ys, topk_w, order = ctx.saved_tensors
-        gys, gw = kernels_module().moe_combine_backward(dout, ys, order, topk_w, *ctx.needs_input_grad[:2])
-        return gys, gw, None, None
+        return (*kernels_module().moe_combine_backward(dout, order, topk_w, ys, ctx.needs_input_grad[0]), None, None)
 
 
 class MoE(nn.Module):
