@@ -5,7 +5,7 @@ torch takes a radix sort (1-2 launches), an arange and a scatter for the inverse
 and cat for the offsets: ~8 launches of ~1.5 us per MoE layer, while a decode step's experts read ~20 us of weights
 (bench/RESULTS.md). Here one program sorts the keys expert * N + position (so equal experts keep their order: the
 stable argsort, exactly), writes the inverse from the sorted lanes, and takes the offsets from a histogram. For up
-to MAX_ROWS pairs (the decode and small-prefill sizes, where launches dominate); larger batches keep torch's sort.
+to MAX_ROWS pairs (decode sizes, where launches dominate); larger batches keep torch's sort.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from torch import Tensor
 
 from .pdl import use_pdl, wait_for_producers
 
-MAX_ROWS = 4096  # pairs one program sorts (a bitonic sort in registers); larger batches take torch's radix sort
+# Pairs one program sorts (a bitonic sort). Larger batches take torch's radix sort: on the H200 (bench/moe_sweeps.py
+# --sections sort, cold L2) the kernel took 1.8 / 4.5 / 23.8 / 89 us at 8 / 512 / 2048 / 4096 pairs against torch's
+# ops' 20.5 / 46 / 52 / 57 us.
+MAX_ROWS = 2048
 
 
 def sorts(n: int, num_experts: int) -> bool:
