@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,6 +31,11 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
                                             checkpoint_io=AtomicCheckpointIO())
     else:
         strategy = ColocatedRLStrategy(device=device, checkpoint_io=AtomicCheckpointIO())
+    # Two Lightning warnings about what this loop does on purpose: the model sits in eval mode outside its updates
+    # (no adapter dropout in rollouts and scoring), and with manual optimization a checkpoint holds the state after
+    # the step's updates, which is what a resumed run continues from.
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+    warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
     opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
     ckpt_dir = run_dir / "checkpoints"
     t = cfg.trainer

@@ -50,7 +50,7 @@ def test_state_checks_the_dataset():
 
 
 def test_eval_loader_is_ordered_and_unpadded():
-    batches = list(make_dm().val_dataloader())
+    batches = list(make_dm().eval_dataloader())
     assert [indices(b) for b in batches] == [[0, 1, 2]]
     assert [len(x["prompt_ids"]) for x in batches[0]] == [5, 5, 5]
 

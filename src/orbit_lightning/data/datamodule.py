@@ -65,9 +65,11 @@ class PromptDataModule(L.LightningDataModule):
             _PromptStream(self.train_dataset, self.sampler), batch_size=None, collate_fn=_keep_list
         )
 
-    def val_dataloader(self) -> DataLoader | list:
+    # Not Lightning's `val_dataloader`: evaluation is generation (callbacks.EvalCallback), not a validation_step, and
+    # Lightning warns about a validation loader without one.
+    def eval_dataloader(self) -> DataLoader | list:
         if self.eval_dataset is None:
-            return []  # Lightning skips validation for an empty list
+            return []
         return DataLoader(
             self.eval_dataset, batch_size=self.eval_batch_size, shuffle=False, collate_fn=_keep_list
         )
