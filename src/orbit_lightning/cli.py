@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Lightning's package logger has its own console handler and still propagates to the root handler above, which
+    # printed each of its messages twice.
+    logging.getLogger("lightning").propagate = False
     try:
         cfg, yaml = compose(argv)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
