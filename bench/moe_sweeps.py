@@ -22,13 +22,14 @@ from functools import partial
 import torch
 
 from orbit_lightning import kernels
+from orbit_lightning.models.moe import _expert_offsets, _inverse_permutation
 from orbit_lightning.quant.experts import QuantExperts
 
-_spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(os.path.dirname(__file__), "kernels.py"))
-bk = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bk)
-
-EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768  # Qwen3-30B-A3B
+_spec = importlib.util.spec_from_file_location("moe_paths", os.path.join(os.path.dirname(__file__), "moe_paths.py"))
+mp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mp)
+bk = mp.bk  # bench/kernels.py: graph_us
+EXPERTS, TOP_K, HIDDEN, INTER = mp.EXPERTS, mp.TOP_K, mp.HIDDEN, mp.INTER  # Qwen3-30B-A3B
 PROJECTIONS = {"gate": (HIDDEN, INTER), "down": (INTER, HIDDEN)}  # (K, N)
 
 
@@ -119,7 +120,7 @@ def _carved_gemm(set_carveout, x, w, ends, carveout):
     """torch's grouped GEMM x @ w[e]^T with `carveout` SMs left out (None: all SMs)."""
     set_carveout(carveout)
     try:
-        return bk.GROUPED_MM(x, w.transpose(1, 2), offs=ends)
+        return mp._gmm(x, w, ends, False)
     finally:
         set_carveout(None)
 
@@ -127,9 +128,7 @@ def _carved_gemm(set_carveout, x, w, ends, carveout):
 def _torch_sort(ids: torch.Tensor):
     """What models.moe runs without kernels.sort_by_expert: stable argsort, inverse, offsets."""
     order = ids.argsort(stable=True)
-    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=ids.device))
-    ends = torch.searchsorted(ids[order], torch.arange(EXPERTS, device=ids.device), right=True, out_int32=True)
-    return order, inverse, torch.cat([ends.new_zeros(1), ends])
+    return order, _inverse_permutation(order), _expert_offsets(ids[order], EXPERTS)
 
 
 def section_sort() -> None:

@@ -26,3 +26,8 @@ def assert_within(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> 
     err = (out.double() - ref).abs()
     worst = (err - bound).max().item()
     assert worst <= 0, f"max error {err.max().item():.3e} exceeds its bound by {worst:.3e}"
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of a 16- or 32-bit float tensor, so that equality also tells signed zeros apart."""
+    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from orbit_lightning import kernels
+from tests.kernels.kernel_oracles import bits
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -53,14 +54,10 @@ def test_silu_mul_noncontiguous_empty_and_bad_inputs():
         kernels.silu_mul(gate.double(), up.double())
 
 
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
-
-
 def _assert_bitwise(got: torch.Tensor, want: torch.Tensor):
     """Equal bit patterns (so signed zeros count), NaN payloads aside."""
-    same = (_bits(got) == _bits(want)) | (got.isnan() & want.isnan())
-    assert same.all(), f"{(~same).sum().item()} differ, e.g. gate bits {_bits(got)[~same][:4].tolist()}"
+    same = (bits(got) == bits(want)) | (got.isnan() & want.isnan())
+    assert same.all(), f"{(~same).sum().item()} differ, e.g. gate bits {bits(got)[~same][:4].tolist()}"
 
 
 @pytest.mark.gpu

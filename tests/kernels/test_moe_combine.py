@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from orbit_lightning import kernels
+from tests.kernels.kernel_oracles import bits
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -41,10 +42,6 @@ def _torch_combine(ys, w, inverse):
     return out
 
 
-def _bits(x):
-    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
-
-
 def _fp32_sum_bound(terms: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
     """|fp32 sum in any order - exact sum| <= (n - 1) eps32 sum |terms|, plus one rounding of the result to dtype."""
     n = terms.shape[dim]
@@ -57,12 +54,12 @@ def _check_combine(t, k, d, dtype, device):
     w.requires_grad_()
     want = _torch_combine(ys, w, inverse)
     got = kernels.moe_combine(ys.detach(), inverse, w.detach())
-    assert got.dtype == dtype and torch.equal(_bits(got), _bits(want))
+    assert got.dtype == dtype and torch.equal(bits(got), bits(want))
 
     dout = torch.randn(want.shape, generator=torch.Generator(device=device).manual_seed(1), device=device).to(dtype)
     want.backward(dout)
     gys, gw = kernels.moe_combine_backward(dout, order, w.detach(), ys.detach())
-    assert torch.equal(_bits(gys), _bits(ys.grad))  # dout[t] * w[t, j], rounded once: bitwise
+    assert torch.equal(bits(gys), bits(ys.grad))  # dout[t] * w[t, j], rounded once: bitwise
     # grad_w: torch's products rounded to the dtype, summed in fp32 over D; the kernel rounds them alike
     prods = (dout.double()[order // k] * ys.detach().double()).to(dtype).double()  # [T k, D], sorted rows
     unsorted = torch.empty(2, t * k, dtype=torch.float64, device=device)
