@@ -60,7 +60,8 @@ def one_run(x, w, cfg, delta, flush, hz) -> dict:
     n_rank = 0
     if delta is not None:
         # (the mma kernel's rank programs take one slice per warp of its programs: gemv_mma.py)
-        one_row = TILE_K * warps_for(cfg, w.n, x.shape[1], sm_count(x.device)) if cfg.mma else SLICE_ONE_ROW
+        programs = w.n // cfg.block_n
+        one_row = TILE_K * warps_for(cfg, programs, x.shape[1], sm_count(x.device)) if cfg.mma else SLICE_ONE_ROW
         n_rank = len(delta.a) * rank_slices(x.shape[0], x.shape[1], one_row)
     weights = slice(n_rank, None)
     loop_cycles = st[weights, CYCLES + 2] - st[weights, CYCLES]  # slot 5: the loop's end (the pointer kernel only)

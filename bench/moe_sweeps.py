@@ -1,10 +1,12 @@
 """MoE measurements behind choices in the code, on the Qwen3-30B-A3B layer (H200 numbers in bench/RESULTS.md).
 
-    python bench/moe_sweeps.py [--sections tiles carveout sort]
+    python bench/moe_sweeps.py [--sections tiles mma carveout sort]
 
 - tiles: the fused grouped kernel's tile configs at decode sizes (1-64 tokens, top-8 of 128 experts), gate and
   down, each against the shipped config (`kernels.configs`, "grouped_fwd"), timed by graph_us (cold L2, no host).
   Every variant's output is checked against the shipped one's.
+- mma: the decode kernel on mma (kernels/grouped_mma.py) against the tile kernel at 1-512 tokens, each of its
+  configs and what the dispatch picks: where it stops paying sets `configs.GROUPED_MMA_ROWS`.
 - carveout: whether dequantizing the next projection on a side stream hides under torch's grouped GEMM when the GEMM
   leaves C SMs free (`torch._C._set_sm_carveout_experimental`): the GEMM alone, and GEMM || dequantize, per C.
 - sort: kernels.sort_by_expert against torch's argsort + inverse + offsets at 8-4096 pairs, past the kernel's
@@ -17,9 +19,13 @@ import argparse
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from functools import partial
 
 import torch
+from orbit_lightning.kernels import configs
+from orbit_lightning.kernels.formats import resolve
+from orbit_lightning.kernels.grouped_mma import grouped_mma
 
 from orbit_lightning import kernels
 from orbit_lightning.models.moe import _expert_offsets, _inverse_permutation
@@ -51,8 +57,9 @@ def section_tiles() -> None:
             counts = torch.bincount(ids, minlength=EXPERTS)
             offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
             x = torch.randn(tokens * TOP_K, k, device="cuda", dtype=torch.bfloat16)
-            shipped = kernels.grouped_dequant_linear(x, offsets, "int4", packed)
-            times = {"shipped": bk.graph_us(kernels.grouped_dequant_linear, x, offsets, "int4", packed)}
+            tile = _tile_config(x)  # (the tile kernel's shipped config: without one, decode sizes take grouped_mma)
+            shipped = kernels.grouped_dequant_linear(x, offsets, "int4", packed, config=tile)
+            times = {"shipped": bk.graph_us(kernels.grouped_dequant_linear, x, offsets, "int4", packed, config=tile)}
             for bm in (16, 32) if tokens >= 16 else (16,):
                 for bp in (16, 32, 64):
                     for br in (128, 256, 512):
@@ -68,6 +75,43 @@ def section_tiles() -> None:
             print(f"{name} tokens {tokens:3d} ({active:3d} experts): shipped {times['shipped']:.1f} us; best "
                   + ", ".join(f"{label} {t:.1f}" for t, label in best)
                   + f" ({active * per_expert / best[0][0] / 1e3:.0f} GB/s)", flush=True)
+
+
+def _tile_config(x: torch.Tensor) -> kernels.TileConfig:
+    return configs.pick_config("grouped_fwd", -(-x.shape[0] // EXPERTS), x.device, x.dtype)
+
+
+def _routed(tokens: int, k: int):
+    """Sorted rows x [tokens * TOP_K, k] and int32 expert offsets of a top-8 routing (the same in every run)."""
+    gen = torch.Generator("cuda").manual_seed(tokens)
+    ids = torch.rand(tokens, EXPERTS, device="cuda", generator=gen).topk(TOP_K, dim=-1).indices.reshape(-1)
+    counts = torch.bincount(ids, minlength=EXPERTS)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+    return torch.randn(tokens * TOP_K, k, device="cuda", dtype=torch.bfloat16), offsets
+
+
+def section_mma() -> None:
+    print("== MoE decode: grouped_mma.py against the tile kernel, us (graph_us, cold L2) ==")
+    variants = {"wide": configs._GROUPED_MMA, "narrow": configs._GROUPED_MMA_NARROW[0],
+                "narrow u1": configs._GROUPED_MMA_NARROW[1], "wide w8": replace(configs._GROUPED_MMA, num_warps=8),
+                "narrow w8": replace(configs._GROUPED_MMA_NARROW[0], num_warps=8)}
+    for name, (k, n) in PROJECTIONS.items():
+        packed = _experts(k, n)
+        w = resolve("int4", packed, stacked=True)
+        for tokens in (1, 4, 16, 64, 128, 256, 512):
+            x, offsets = _routed(tokens, k)
+            tile = _tile_config(x)
+            ref = kernels.grouped_dequant_linear(x, offsets, "int4", packed, config=tile)
+            times = {"tile": bk.graph_us(kernels.grouped_dequant_linear, x, offsets, "int4", packed, config=tile)}
+            for label, cfg in variants.items():
+                if configs.mma_ok(w, cfg, stacked=True):
+                    # the same bf16 weights, K summed in another order: fp32 rounding, below bf16's output rounding
+                    torch.testing.assert_close(grouped_mma(x, offsets, w, cfg), ref, rtol=2**-7, atol=1e-3)
+                    times[label] = bk.graph_us(grouped_mma, x, offsets, w, cfg)
+            picked = configs.pick_grouped_mma(x, w)
+            pick = next((label for label, cfg in variants.items() if cfg == picked), "tile")
+            print(f"{name} tokens {tokens:3d}: " + ", ".join(f"{label} {t:.1f}" for label, t in times.items())
+                  + f" | dispatch: {pick} ({times['tile'] / times[pick]:.2f}x the tile kernel)", flush=True)
 
 
 def _event_us(fn, reps: int = 20) -> float:
@@ -148,14 +192,14 @@ def section_sort() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", nargs="+", default=["tiles", "carveout", "sort"],
-                   choices=["tiles", "carveout", "sort"])
+    p.add_argument("--sections", nargs="+", default=["tiles", "mma", "carveout", "sort"],
+                   choices=["tiles", "mma", "carveout", "sort"])
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/moe_sweeps.py needs a CUDA GPU")
     print(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__}")
     for section in args.sections:
-        {"tiles": section_tiles, "carveout": section_carveout, "sort": section_sort}[section]()
+        {"tiles": section_tiles, "mma": section_mma, "carveout": section_carveout, "sort": section_sort}[section]()
 
 
 if __name__ == "__main__":

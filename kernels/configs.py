@@ -193,14 +193,42 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
 TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32 values
 
 
-def mma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
-    """Whether gemv_mma.py's kernel reads `w` (with bf16 activations on an sm_80+ GPU, M <= 16): int4 with groups of
-    at least 32 (a lane's 32 values share a scale), K a multiple of its steps (mma_tiles of 128), N of
-    block_n, contiguous words on 16 bytes (the activations' alignment is gemv.gemv's to check)."""
+def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
+    """Whether gemv_mma.py's kernel (grouped_mma.py's for `stacked` experts) reads `w` (with bf16 activations on an
+    sm_80+ GPU, M <= 16): int4 with groups of at least 32 (a lane's 32 values share a scale), K a multiple of its
+    steps (mma_tiles of 128), N of block_n, contiguous words on 16 bytes (the activations' alignment is the
+    caller's to check)."""
     step = TILE_K * cfg.mma_tiles
-    return (w.fmt.code == INT4 and w.experts is None and w.group >= 32 and w.k % step == 0
+    return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
             and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
             and w.values.data_ptr() % 16 == 0)  # fmt: skip
+
+
+# MoE decode, int4 (groups >= 32) on bf16: grouped_mma.py, gemv_mma.py's loop on one expert's 8-row tile per program.
+# .gl prototype vs the tile kernel (H200, graph_us with a cold L2, Qwen3-30B-A3B gate [128 x 768 x 2048] / down,
+# top-8 of 128): 1 token 13.2 -> 7.1 / 9.2 -> 7.2 us, 16 tokens 48.7 -> 36.4 / 48.4 -> 29.5, 64 tokens 71.6 -> 56.3 /
+# 70.4 -> 42.3 (bench/RESULTS.md). Two row tiles per warp (block_n 32) lead once there are >= 4 programs per SM;
+# below that, one. A K not in whole steps of 256 takes one tile per step. Each further 8 rows of an expert read its
+# weights again, so the kernel serves batches up to GROUPED_MMA_ROWS rows per expert on average.
+GROUPED_MMA_ROWS = 8
+_GROUPED_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=4, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
+_GROUPED_MMA_NARROW = (replace(_GROUPED_MMA, block_n=16), replace(_GROUPED_MMA, block_n=16, mma_tiles=1))
+
+
+def pick_grouped_mma(x: torch.Tensor, w: PackedWeight) -> GemvConfig | None:
+    """grouped_mma.py's config for the sorted rows x [T, K] (bf16, int4 `w`: the caller checks) of stacked experts
+    `w`, or None where grouped.py's tile kernel serves: batch-invariant mode (one fixed tile config for every
+    batch), more than GROUPED_MMA_ROWS rows per expert, rows off 16-byte boundaries, weights it cannot read."""
+    t = x.shape[0]
+    if (is_batch_invariant() or x.device.type != "cuda" or t > GROUPED_MMA_ROWS * w.experts or x.stride(1) != 1
+            or x.stride(0) % 8 or x.data_ptr() % 16):  # fmt: skip
+        return None
+    tiles = min(t, -(-t // 8) + w.experts)
+    wide = tiles * (w.n // _GROUPED_MMA.block_n) >= 4 * sm_count(x.device)
+    for cfg in ((_GROUPED_MMA,) if wide else ()) + _GROUPED_MMA_NARROW:
+        if mma_ok(w, cfg, stacked=True):
+            return cfg
+    return None
 
 
 def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:

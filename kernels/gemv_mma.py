@@ -184,6 +184,70 @@ def _tile(w, x, acc, NT: tl.constexpr):
 
 
 @triton.jit
+def row_addresses(w_ptr, s_ptr, rows, stride_wn, stride_sn, MT: tl.constexpr):
+    """Byte addresses of row `rows` (a lane's g) of each of the MT row tiles, in the words and in the scales (rows g
+    + 8 are 8 rows on)."""
+    w_rows = ()
+    s_rows = ()
+    for m in tl.static_range(MT):
+        r = (rows + 16 * m).to(tl.int64)
+        w_rows = w_rows + (w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4,)
+        s_rows = s_rows + (s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2,)
+    return w_rows, s_rows
+
+
+@triton.jit
+def activation_rows(x_ptr, first, end, stride_xm, NT: tl.constexpr):
+    """Byte address of activation row `first` (first + 8 j in n8 tile j: the mma's column g when first = row_0 +
+    g) and whether it is below `end`, per n8 tile."""
+    x_rows = ()
+    x_ok = ()
+    for j in tl.static_range(NT):
+        xr = first + 8 * j
+        x_rows = x_rows + (x_ptr.to(tl.int64, bitcast=True) + xr.to(tl.int64) * stride_xm * 2,)
+        x_ok = x_ok + ((xr < end).to(tl.int32),)
+    return x_rows, x_ok
+
+
+@triton.jit
+def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
+                 MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):
+    """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles from k_lo: W rows of
+    w_rows / s_rows (byte addresses of each row tile's row g) times the NT activation row tiles x_rows (x_ok: rows
+    that exist). nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
+    ok = tl.full((32 * NW,), 1, tl.int32)
+    k_hi = k_lo + tiles_per_warp * _TILE_K
+    x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
+    zero = tl.zeros((32 * NW,), dtype=tl.float32)
+    acc = ()
+    for _m in tl.static_range(MT):
+        if NT == 1:
+            acc = acc + ((zero, zero, zero, zero),)
+        else:
+            acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
+    # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
+    # 128 contiguous bytes (two 64-byte halves of a line) in one step.
+    for i in range(0, tiles_per_warp, U):
+        k1 = k_lo + (i + U) * _TILE_K
+        cur = nxt
+        xv = x_nxt
+        ok = (k1 < k_hi).to(tl.int32)
+        nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
+        x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
+        new = ()
+        for m in tl.static_range(MT):
+            a = acc[m]
+            for u in tl.static_range(U):
+                if NT == 1:
+                    a = _tile(cur[u * MT + m], (xv[u],), a, NT)
+                else:
+                    a = _tile(cur[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
+            new = new + (a,)
+        acc = new
+    return acc
+
+
+@triton.jit
 def _gather(c0, c1, c2, c3, NW: tl.constexpr):
     """One row tile x one n8 tile of the result, [16 rows, 8 activation rows], from each warp's accumulators: lane
     (g, t) holds rows g (c0, c1) and g + 8 (c2, c3) at activation rows 2t (c0, c2) and 2t + 1 (c1, c3). The warps'
@@ -229,55 +293,16 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         warp = lane // 32
         g = (lane % 32) // 4
         k_lo = warp * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
-        k_hi = k_lo + tiles_per_warp * _TILE_K
-        # Byte addresses of row g's words and scales in each row tile (rows g + 8 are 8 rows on), and of activation
-        # row g (+ 8 j) of each n8 tile j: the mma's column g.
-        rows = pid_n * BN + g
-        w_rows = ()
-        s_rows = ()
-        for m in tl.static_range(MT):
-            r = (rows + 16 * m).to(tl.int64)
-            w_rows = w_rows + (w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4,)
-            s_rows = s_rows + (s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2,)
-        x_rows = ()
-        x_ok = ()
-        for j in tl.static_range(NT):
-            xr = g + 8 * j
-            x_rows = x_rows + (x_ptr.to(tl.int64, bitcast=True) + xr.to(tl.int64) * stride_xm * 2,)
-            x_ok = x_ok + ((xr < M).to(tl.int32),)
+        w_rows, s_rows = row_addresses(w_ptr, s_ptr, pid_n * BN + g, stride_wn, stride_sn, MT)
+        x_rows, x_ok = activation_rows(x_ptr, g, M, stride_xm, NT)
         ok = tl.full((32 * NW,), 1, tl.int32)
         # frozen weights: loaded before the PDL wait
         nxt = _load_weights(w_rows, s_rows, k_lo, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
         wait_for_producers(PDL, False)
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
-        x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
-        zero = tl.zeros((32 * NW,), dtype=tl.float32)
-        acc = ()
-        for _m in tl.static_range(MT):
-            if NT == 1:
-                acc = acc + ((zero, zero, zero, zero),)
-            else:
-                acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
-        # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
-        # 128 contiguous bytes (two 64-byte halves of a line) in one step.
-        for i in range(0, tiles_per_warp, U):
-            k1 = k_lo + (i + U) * _TILE_K
-            cur = nxt
-            xv = x_nxt
-            ok = (k1 < k_hi).to(tl.int32)
-            nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
-            x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
-            new = ()
-            for m in tl.static_range(MT):
-                a = acc[m]
-                for u in tl.static_range(U):
-                    if NT == 1:
-                        a = _tile(cur[u * MT + m], (xv[u],), a, NT)
-                    else:
-                        a = _tile(cur[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
-                new = new + (a,)
-            acc = new
+        acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
+                           MT, NT, U, LOAD, NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         tiles = ()
@@ -300,11 +325,11 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
 
 
-def warps_for(cfg: GemvConfig, n: int, k: int, sms: int) -> int:
+def warps_for(cfg: GemvConfig, programs: int, k: int, sms: int) -> int:
     """Warps per program, each taking an equal run of K tiles (cfg.mma_tiles at a time): the fewest powers
-    of two that give about cfg.programs_per_sm warps per SM over the N // block_n programs, at most cfg.num_warps,
+    of two that give about cfg.programs_per_sm warps per SM over `programs` programs, at most cfg.num_warps,
     dividing the K tiles."""
-    want = -(-cfg.programs_per_sm * sms // (n // cfg.block_n))
+    want = -(-cfg.programs_per_sm * sms // programs)
     tiles = k // TILE_K // cfg.mma_tiles
     nw = 1
     while nw < want and nw * 2 <= cfg.num_warps and tiles % (nw * 2) == 0:
@@ -318,8 +343,8 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
     boundaries and `configs.mma_ok` weights; the arguments are gemv.gemv's."""
     m, k = x.shape
     n = w.n
-    nw = warps_for(cfg, n, k, sm_count(x.device))
     n_tiles = n // cfg.block_n
+    nw = warps_for(cfg, n_tiles, k, sm_count(x.device))
     # Two n8 tiles of activation rows (M > 8) take one K tile per step: two would spill (compile test).
     # Rank programs (LoRA) of NW warps take NW times the one-warp slice: fewer of them hold SM slots.
     launch = launch_args(x, n, lora, 16, cfg.block_n, lambda: tickets(N_COUNTERS), n_tiles, stamps, TILE_K * nw)

@@ -74,6 +74,16 @@ def check_offsets(expert_offsets: Tensor, w: PackedWeight, device: torch.device)
         raise ValueError(f"expert_offsets is on {expert_offsets.device} but the activations are on {device}")
 
 
+def check_grouped(a: Tensor, expert_offsets: Tensor, w: PackedWeight, dx: bool) -> None:
+    """grouped_gemm's argument checks (shared by the decode kernel, grouped_mma.py)."""
+    if w.experts is None:
+        raise ValueError("grouped_gemm needs stacked expert weights [E, N, ...]; use dense_gemm for 2-D ones")
+    check_activation(a, w, dx, "dy_sorted" if dx else "x_sorted")
+    check_offsets(expert_offsets, w, a.device)
+    if a.dim() != 2:
+        raise ValueError(f"grouped inputs must be 2-D [tokens, features], got shape {tuple(a.shape)}")
+
+
 def grouped_gemm(a: Tensor, expert_offsets: Tensor, w: PackedWeight, dx: bool,
                  config: TileConfig | None = None) -> Tensor:
     """Per expert e: out[rows_e] = a[rows_e] @ W_e^T (forward) or a[rows_e] @ W_e (dx=True).
@@ -82,12 +92,7 @@ def grouped_gemm(a: Tensor, expert_offsets: Tensor, w: PackedWeight, dx: bool,
     expert_offsets[0] = 0 and expert_offsets[E] = T (not checked: that would need a host sync; rows
     outside the offsets are left unwritten). Returns [T, N] or [T, K] in a.dtype.
     """
-    if w.experts is None:
-        raise ValueError("grouped_gemm needs stacked expert weights [E, N, ...]; use dense_gemm for 2-D ones")
-    check_activation(a, w, dx, "dy_sorted" if dx else "x_sorted")
-    check_offsets(expert_offsets, w, a.device)
-    if a.dim() != 2:
-        raise ValueError(f"grouped inputs must be 2-D [tokens, features], got shape {tuple(a.shape)}")
+    check_grouped(a, expert_offsets, w, dx)
     t, r = a.shape
     p = w.k if dx else w.n
     out = torch.empty((t, p), dtype=a.dtype, device=a.device)

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .configs import TileConfig, capability
+from .configs import TileConfig, capability, pick_grouped_mma
 from .formats import plain, resolve
-from .gemm import INTERPRETED, dense_gemm
+from .gemm import INTERPRETED, dense_gemm, fast_int4
 from .gemv_lora import LoraDelta
-from .grouped import grouped_gemm
+from .grouped import check_grouped, grouped_gemm
+from .grouped_mma import grouped_mma
 
 if TYPE_CHECKING:  # the quant package imports these kernels, not the other way round
     from orbit_lightning.quant.formats import QuantFormat
@@ -76,9 +77,15 @@ def grouped_dequant_linear(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
 
     x_sorted: [T, K] rows sorted by expert; expert_offsets: int [E+1], rows of expert e are
     expert_offsets[e]:expert_offsets[e+1] (offsets[0] = 0, offsets[E] = T); packed: stacked [E, ...]
-    tensors. Returns [T, N] in x_sorted.dtype.
+    tensors. Returns [T, N] in x_sorted.dtype. Decode batches (a few rows per expert) of int4 on bf16 take the
+    mma kernel (grouped_mma.py) unless `config` asks for the tile kernel.
     """
     w = resolve(fmt, packed, stacked=True, **fmt_kw)
+    if config is None and fast_int4(w, x_sorted.dtype):
+        check_grouped(x_sorted, expert_offsets, w, dx=False)
+        mma = pick_grouped_mma(x_sorted, w)
+        if mma is not None:
+            return grouped_mma(x_sorted, expert_offsets, w, mma)
     return grouped_gemm(x_sorted, expert_offsets, w, dx=False, config=config)
 
 

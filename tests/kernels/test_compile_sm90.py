@@ -4,10 +4,10 @@ and its bundled ptxas run without a GPU.
 The interpreter that runs the other kernel tests on the CPU accepts code the compiler rejects (plain globals in jit
 code, type errors in branches a constexpr never takes, a branch that retypes a variable), and each reached the GPU
 this way once (bench/RESULTS.md). This compiles `_gemv_kernel` (at M = 1 and M = 16 tiles), the descriptor (TMA)
-GEMV, gemv_mma.py's kernel (which the interpreter cannot run at all: inline PTX), RoPE, the grouped MoE kernel and
-the combine's in a subprocess without TRITON_INTERPRET, the GEMVs with and without the fused LoRA, and checks
-ptxas' register report: no spills, and the M = 1 tile kernel within 168 registers per thread, which keeps the 12
-one-warp programs per SM that configs._GEMV asks for resident (65,536 / (12 * 32) = 170).
+GEMV, gemv_mma.py's and grouped_mma.py's kernels (which the interpreter cannot run at all: inline PTX), RoPE, the
+grouped MoE kernel and the combine's in a subprocess without TRITON_INTERPRET, the GEMVs with and without the fused
+LoRA, and checks ptxas' register report: no spills, and the M = 1 tile kernel within 168 registers per thread, which
+keeps the 12 one-warp programs per SM that configs._GEMV asks for resident (65,536 / (12 * 32) = 170).
 """
 
 import functools
@@ -121,6 +121,15 @@ for kernel, const in ((moe_combine._slot_sum_kernel, dict(WEIGHTED=True, BLOCK=1
     sig.update({n: "*i64" for n in ("inv_ptr", "order_ptr") if n in sig})
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
     report[kernel.fn.__name__] = ptxas_report(src, num_warps=4, enable_fp_fusion=False)
+grouped_mma = importlib.import_module("orbit_lightning.kernels.grouped_mma")
+names = list(inspect.signature(grouped_mma._grouped_mma_kernel.fn).parameters)
+pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16", "offsets_ptr": "*i32"}
+for mt, u in ((1, 2), (2, 2), (1, 1)):  # configs._GROUPED_MMA and its two narrow variants
+    const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True)
+    sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
+    src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in const.items()})
+    report[f"mma-grouped-mt{mt}-u{u}"] = ptxas_report(src, num_warps=4)
 moe_sort = importlib.import_module("orbit_lightning.kernels.moe_sort")
 names = list(inspect.signature(moe_sort._sort_kernel.fn).parameters)
 const = dict(N_POW2=4096, BINS=512, PDL=True)
@@ -158,20 +167,22 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
                            "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1",
                            "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
-                           "_combine_backward_kernel",
-                           "_sort_kernel"}
+                           "_combine_backward_kernel", "_sort_kernel", "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",
+                           "mma-grouped-mt1-u1"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
 
 
 @pytest.mark.skipif(not _compiler_available(), reason="this triton install has no NVIDIA backend / ptxas")
 def test_mma_gemv_keeps_one_element_per_thread_and_few_registers():
-    """gemv_mma.py's inline PTX assumes element i of its [32 * warps] tensors is thread i's register; Triton's layout
-    for them must be one element per thread, 32 threads along a warp. Its registers must leave room for the ~12
-    warps per SM its config asks for (and then some): <= 128 per thread."""
+    """gemv_mma.py's inline PTX (and grouped_mma.py's, which runs its loop) assumes element i of its [32 * warps]
+    tensors is thread i's register; Triton's layout for them must be one element per thread, 32 threads along a warp.
+    Registers must leave room for the ~12 warps per SM the dense configs ask for (and then some): <= 128 per thread.
+    The grouped kernel also holds its expert's tile bounds: <= 168, still 12 warps (three 4-warp programs) per SM."""
     report = _report()
     for name in [n for n in report if n.startswith("mma")]:
-        nw = 4 if name == "mma-mt1-nt1-u1-lora0" else 8
+        grouped = name.startswith("mma-grouped")
+        nw = 4 if name == "mma-mt1-nt1-u1-lora0" or grouped else 8
         one_per_thread = f"<{{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [{nw}], order = [0]}}>"
         assert f"#ttg.blocked{one_per_thread}" in report[name]["layouts"], report[name]["layouts"]
-        assert report[name]["registers"] <= 128 and not report[name]["spills"], report[name]
+        assert report[name]["registers"] <= (168 if grouped else 128) and not report[name]["spills"], report[name]

@@ -23,13 +23,13 @@ from tests.kernels.test_gemv_lora import _adapters, _oracle
 
 def test_warps_split_k_evenly_and_fill_the_sms():
     cfg = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=12)
-    assert warps_for(cfg, 6144, 4096, 132) == 8  # 192 programs want 9 warps each: capped at 8, 4 K tiles per warp
-    assert warps_for(cfg, 24576, 4096, 132) == 4  # 768 programs want 3: the next power of two
-    assert warps_for(cfg, 4096, 1536, 132) == 4  # 12 K tiles: 8 warps would not divide them
-    assert warps_for(cfg, 4096, 7168, 132) == 8  # 56 tiles
-    assert warps_for(cfg, 1 << 20, 4096, 132) == 1  # enough programs already
-    assert warps_for(cfg, 32, 128, 132) == 1  # one K tile
-    assert warps_for(replace(cfg, mma_tiles=4), 4096, 1536, 132) == 1  # 3 steps of 4 tiles
+    assert warps_for(cfg, 6144 // 32, 4096, 132) == 8  # 192 programs want 9 warps each: capped at 8, 4 K tiles per warp
+    assert warps_for(cfg, 24576 // 32, 4096, 132) == 4  # 768 programs want 3: the next power of two
+    assert warps_for(cfg, 4096 // 32, 1536, 132) == 4  # 12 K tiles: 8 warps would not divide them
+    assert warps_for(cfg, 4096 // 32, 7168, 132) == 8  # 56 tiles
+    assert warps_for(cfg, 1 << 15, 4096, 132) == 1  # enough programs already
+    assert warps_for(cfg, 1, 128, 132) == 1  # one K tile
+    assert warps_for(replace(cfg, mma_tiles=4), 4096 // 32, 1536, 132) == 1  # 3 steps of 4 tiles
     with pytest.raises(ValueError, match="block_n 16 or 32"):
         GemvConfig(16, 64, 128, mma=True)
     with pytest.raises(ValueError, match="mma_tiles"):

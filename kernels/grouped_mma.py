@@ -1,0 +1,79 @@
+"""MoE decode: the grouped forward over active experts as gemv_mma.py's per-thread mma GEMV, one expert per program.
+
+At decode an expert gets a handful of rows (batch 1 of a top-8 model: 8 experts x 1 row), so grouped.py's tile
+kernel, 64 weight rows by 16 token rows per program, runs few programs (96 for Qwen3-30B-A3B's gate at batch 1) that
+move 0.5-0.8 TB/s. Here a program takes one 8-row tile of one expert's rows (grouped._find_tile with 8-row tiles)
+and 16 * MT of its weight rows, and runs gemv_mma.py's M <= 8 main loop on them: K split over the program's warps,
+summed in a fixed order, so results are deterministic. Weights of experts without rows are never read; rows past
+an expert's first 8 take another tile, which reads its weights again (mostly from L2): `configs.pick_grouped_mma`
+keeps this kernel to batches of at most GROUPED_MMA_ROWS rows per expert on average, where it was measured ahead.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .configs import TILE_K, GemvConfig, sm_count
+from .formats import PackedWeight
+from .gemv_mma import _LOAD_W, _TILE_K, _gather, _load_weights, activation_rows, mma_mainloop, row_addresses, warps_for
+from .grouped import _find_tile
+from .pdl import launch_dependents, use_pdl, wait_for_producers
+
+ROW_TILE = 8  # activation rows per program: one n8 tile, the mma's columns
+
+
+@triton.jit
+def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, N, num_experts, stride_xm, stride_om,
+                        stride_we, stride_wn, stride_se, stride_sn, tiles_per_warp,
+                        GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
+                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    BN: tl.constexpr = 16 * MT
+    num_n = N // BN
+    t = tl.program_id(0) // num_n
+    pid_n = tl.program_id(0) % num_n
+    wait_for_producers(PDL, False)  # the offsets (and rows) come from the kernels just before
+    e, first, end = _find_tile(offsets_ptr, t, num_experts, 8, E_POW2)
+    if e < num_experts:  # the grid's spare tiles do nothing
+        lane = tl.arange(0, 32 * NW)
+        g = (lane % 32) // 4
+        k_lo = (lane // 32) * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
+        e64 = e.to(tl.int64)
+        w_rows, s_rows = row_addresses(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN + g,
+                                       stride_wn, stride_sn, MT)  # fmt: skip
+        x_rows, x_ok = activation_rows(x_ptr, first + g, end, stride_xm, 1)
+        nxt = _load_weights(w_rows, s_rows, k_lo, tl.full((32 * NW,), 1, tl.int32), stride_wn, stride_sn, GROUP, U,
+                            MT, LOAD)  # fmt: skip
+        acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
+                           MT, 1, U, LOAD, NW)  # fmt: skip
+        launch_dependents(PDL)
+        offs_m = first + tl.arange(0, 8)
+        for m in tl.static_range(MT):
+            c = acc[m]
+            y = _gather(c[0], c[1], c[2], c[3], NW)  # [16 weight rows, 8 activation rows]
+            offs_n = pid_n * BN + 16 * m + tl.arange(0, 16)
+            ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+            tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=offs_m[None, :] < end)
+
+
+def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvConfig) -> Tensor:
+    """out[rows_e] = x[rows_e] @ W_e^T for the stacked int4 experts `w` (configs.grouped_mma_ok), x bf16 [T, K] sorted
+    by expert with rows on 16-byte boundaries, expert_offsets int [E + 1] on x's device (grouped_gemm's contract).
+    Returns [T, N] bf16."""
+    t, k = x.shape
+    out = torch.empty((t, w.n), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    max_tiles = min(t, triton.cdiv(t, ROW_TILE) + w.experts)  # each tile >= 1 row, each expert wastes < 1 tile
+    programs = max_tiles * (w.n // cfg.block_n)
+    nw = warps_for(cfg, programs, k, sm_count(x.device))
+    pdl = use_pdl(x.device)
+    _grouped_mma_kernel[(programs,)](
+        x, w.values, w.scale, out, expert_offsets, w.n, w.experts, x.stride(0), out.stride(0), w.values.stride(0),
+        w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw, GROUP=w.group,
+        MT=cfg.block_n // 16, U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw,
+        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, launch_pdl=pdl, num_warps=nw,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,112 @@
+"""MoE decode on the mma kernel (kernels/grouped_mma.py): which weights and batches it takes, and on the GPU its
+results against the float64 oracle, bitwise determinism, graph replay and the dispatch.
+
+Inline PTX (no interpreter run); tests/kernels/test_compile_sm90.py compiles it on the CPU. GPU bound: test_gemv.py's
+2^-8 (sum |x||w| + |ref|), as for gemv_mma.py, whose loop this is: each weight rounds once to bf16 by the same
+decoder, products are exact in the mma, the fp32 sum adds K 2^-24 and the output rounds once.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from orbit_lightning.kernels import configs
+from orbit_lightning.kernels.formats import resolve
+from orbit_lightning.kernels.grouped_mma import grouped_mma
+
+from orbit_lightning import kernels
+from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
+
+
+def test_the_grouped_mma_kernel_reads_only_stacked_int4_in_whole_steps():
+    cfg = configs._GROUPED_MMA
+    for fmt, shape, ok in [("int4", (4, 64, 256), True), ("int4-g128", (4, 64, 512), True),
+                           ("int4", (4, 64, 384), False),  # 3 K tiles: not whole steps of 2
+                           ("int4", (4, 48, 256), False), ("fp8", (4, 64, 256), False),
+                           ("int4", (64, 256), False)]:  # fmt: skip
+        packed, _ = random_weight(fmt, shape, seed=0)
+        stacked = len(shape) == 3
+        assert configs.mma_ok(resolve(fmt, packed, stacked=stacked), cfg, stacked=True) == ok, (fmt, shape)
+    packed, _ = random_weight("int4", (4, 48, 384), seed=0)
+    assert configs.mma_ok(resolve("int4", packed, stacked=True), configs._GROUPED_MMA_NARROW[1], stacked=True)
+
+
+def _gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
+
+
+def _routing(counts: list[int], dtype=torch.int32) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=dtype, device="cuda")
+
+
+def _check(x, w, counts, y):
+    ref = torch.cat([c.double() @ w[e].T for e, c in enumerate(x.split(counts))])
+    bound = torch.cat([matmul_bound(c, w[e], r, 2.0**-8) for e, (c, r) in
+                       enumerate(zip(x.split(counts), ref.split(counts)))])  # fmt: skip
+    assert_within(y, ref, bound)
+
+
+# Expert 0 gets 20 rows (three 8-row tiles, the last partial), 1-2 none, 3 one; the rest spread.
+ROUTINGS = {
+    "batch1-top8": [1 if e % 4 == 1 else 0 for e in range(32)],
+    "mixed": [20, 0, 0, 1, 3, 8, 9, 0],
+    "one-expert": [5, 0, 0, 0],
+}
+CASES = {  # name: (format, E, N, K, config)
+    "two-row-tiles": ("int4", 8, 256, 2048, configs._GROUPED_MMA),
+    "one-row-tile": ("int4", 8, 96, 768, configs._GROUPED_MMA_NARROW[0]),
+    "one-k-tile-steps-g128": ("int4-g128", 8, 64, 384, configs._GROUPED_MMA_NARROW[1]),
+    "one-warp": ("int4", 8, 32, 256, replace(configs._GROUPED_MMA, num_warps=1)),
+}
+
+
+@_gpu
+@pytest.mark.parametrize("routing", list(ROUTINGS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_gpu_grouped_mma_matches_fp64_deterministically(case, routing):
+    fmt, e, n, k, cfg = CASES[case]
+    counts = (ROUTINGS[routing] + [0] * e)[:e]
+    counts[-1] += sum(ROUTINGS[routing][e:])  # (routings wider than E pile their rest on the last expert)
+    packed, w = random_weight(fmt, (e, n, k), seed=3, device="cuda")
+    wk = resolve(fmt, packed, stacked=True)
+    assert configs.mma_ok(wk, cfg, stacked=True)
+    x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+    for dtype in (torch.int32, torch.int64):
+        offsets = _routing(counts, dtype)
+        y = grouped_mma(x, offsets, wk, cfg)
+        _check(x, w, counts, y)
+        assert torch.equal(y, grouped_mma(x, offsets, wk, cfg))
+
+
+@_gpu
+def test_gpu_decode_batches_take_the_mma_kernel_and_replay_in_a_graph():
+    """grouped_dequant_linear sends a few rows per expert to grouped_mma (bitwise its result), more rows, a given
+    config or batch-invariant mode to the tile kernel; a captured decode step replays with new rows and routing."""
+    e, n, k = 16, 128, 1024
+    packed, w = random_weight("int4", (e, n, k), seed=4, device="cuda")
+    wk = resolve("int4", packed, stacked=True)
+    counts = [2, 0, 1, 0, 3, 0, 0, 2] * 2
+    x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+    offsets = _routing(counts)
+    cfg = configs.pick_grouped_mma(x, wk)
+    assert cfg is not None
+    y = kernels.grouped_dequant_linear(x, offsets, "int4", packed)
+    assert torch.equal(y, grouped_mma(x, offsets, wk, cfg))
+    _check(x, w, counts, y)
+    many = torch.randn(configs.GROUPED_MMA_ROWS * e + 1, k, device="cuda", dtype=torch.bfloat16)
+    assert configs.pick_grouped_mma(many, wk) is None
+    assert configs.pick_grouped_mma(torch.randn(8, k + 1, device="cuda", dtype=torch.bfloat16)[:, 1:], wk) is None
+    with kernels.batch_invariant():
+        assert configs.pick_grouped_mma(x, wk) is None
+
+    static_x, static_offsets = x.clone(), offsets.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = kernels.grouped_dequant_linear(static_x, static_offsets, "int4", packed)
+    for seed in (1, 2):
+        gen = torch.Generator("cuda").manual_seed(seed)
+        static_x.copy_(torch.randn(x.shape, generator=gen, device="cuda").bfloat16())
+        moved = counts[seed:] + counts[:seed]  # the same rows routed to other experts
+        static_offsets.copy_(_routing(moved))
+        graph.replay()
+        _check(static_x, w, moved, static_y)
