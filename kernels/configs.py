@@ -205,12 +205,14 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
 
 
 # MoE decode, int4 (groups >= 32) on bf16: grouped_mma.py, gemv_mma.py's loop on one expert's 8-row tile per program.
-# .gl prototype vs the tile kernel (H200, graph_us with a cold L2, Qwen3-30B-A3B gate [128 x 768 x 2048] / down,
-# top-8 of 128): 1 token 13.2 -> 7.1 / 9.2 -> 7.2 us, 16 tokens 48.7 -> 36.4 / 48.4 -> 29.5, 64 tokens 71.6 -> 56.3 /
-# 70.4 -> 42.3 (bench/RESULTS.md). Two row tiles per warp (block_n 32) lead once there are >= 4 programs per SM;
-# below that, one. A K not in whole steps of 256 takes one tile per step. Each further 8 rows of an expert read its
-# weights again, so the kernel serves batches up to GROUPED_MMA_ROWS rows per expert on average.
-GROUPED_MMA_ROWS = 8
+# bench/moe_sweeps.py --sections mma (H200, graph_us with a cold L2, Qwen3-30B-A3B gate [128 x 768 x 2048] / down,
+# top-8 of 128; bench/RESULTS.md), against the tile kernel: 1 token 12.9 -> 7.3 / 8.9 -> 7.0 us, 64 tokens 70.3 ->
+# 40.6 / 70.1 -> 42.8, 256 tokens (16 rows per expert) 95.9 -> 81.6 / 97.5 -> 85.5, 512 tokens 100.6 -> 141.9 / 105.1
+# -> 150.4: each further 8 rows of an expert read its weights again, so the kernel serves batches of up to
+# GROUPED_MMA_ROWS rows per expert on average. Two row tiles per warp (block_n 32) lead from ~4 programs per SM (64+
+# tokens: 40.6 against 44.3 us), one below (1 token: 7.3 against 8.2). A K not in whole steps of 256 takes one tile
+# per step. Eight warps per program measured no better than four.
+GROUPED_MMA_ROWS = 16
 _GROUPED_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=4, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GROUPED_MMA_NARROW = (replace(_GROUPED_MMA, block_n=16), replace(_GROUPED_MMA, block_n=16, mma_tiles=1))
 
