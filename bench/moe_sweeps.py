@@ -94,9 +94,7 @@ def section_mma() -> None:
     print("== MoE decode: grouped_mma.py against the tile kernel, us (graph_us, cold L2) ==")
     variants = {"wide": configs._GROUPED_MMA, "narrow": configs._GROUPED_MMA_NARROW[0],
                 "narrow u1": configs._GROUPED_MMA_NARROW[1], "wide w8": replace(configs._GROUPED_MMA, num_warps=8),
-                "narrow w8": replace(configs._GROUPED_MMA_NARROW[0], num_warps=8),
-                "wide d2": replace(configs._GROUPED_MMA, mma_depth=2),
-                "narrow d2": replace(configs._GROUPED_MMA_NARROW[0], mma_depth=2)}
+                "narrow w8": replace(configs._GROUPED_MMA_NARROW[0], num_warps=8)}
     for name, (k, n) in PROJECTIONS.items():
         packed = _experts(k, n)
         w = resolve("int4", packed, stacked=True)

@@ -110,7 +110,6 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
-    mma_depth: int = 1  # steps of weights in flight ahead of the one multiplied (1 or 2; M <= 8)
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -125,8 +124,6 @@ class GemvConfig:
             raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
         if self.mma_tiles not in (1, 2, 4) or self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
-        if self.mma_depth not in (1, 2):
-            raise ValueError(f"GemvConfig.mma_depth must be 1 or 2, got {self.mma_depth}")
         if self.k_iters < 0 or self.programs_per_sm < 1:
             raise ValueError("GemvConfig.k_iters must be >= 0 and programs_per_sm >= 1")
 

@@ -211,18 +211,13 @@ def activation_rows(x_ptr, first, end, stride_xm, NT: tl.constexpr):
 
 @triton.jit
 def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
-                 MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
-                 DEPTH: tl.constexpr = 1):
+                 MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles from k_lo: W rows of
     w_rows / s_rows (byte addresses of each row tile's row g) times the NT activation row tiles x_rows (x_ok: rows
-    that exist). nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait).
-    DEPTH: steps of weights in flight ahead of the one multiplied (1 or 2; activations, from L2, one)."""
+    that exist). nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
     ok = tl.full((32 * NW,), 1, tl.int32)
     k_hi = k_lo + tiles_per_warp * _TILE_K
     x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
-    if DEPTH == 2:
-        k2 = k_lo + U * _TILE_K
-        nxt2 = _load_weights(w_rows, s_rows, k2, (k2 < k_hi).to(tl.int32), stride_wn, stride_sn, GROUP, U, MT, LOAD)
     zero = tl.zeros((32 * NW,), dtype=tl.float32)
     acc = ()
     for _m in tl.static_range(MT):
@@ -237,13 +232,7 @@ def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride
         cur = nxt
         xv = x_nxt
         ok = (k1 < k_hi).to(tl.int32)
-        if DEPTH == 2:
-            nxt = nxt2
-            k2 = k1 + U * _TILE_K
-            nxt2 = _load_weights(w_rows, s_rows, k2, (k2 < k_hi).to(tl.int32), stride_wn, stride_sn, GROUP, U, MT,
-                                 LOAD)  # fmt: skip
-        else:
-            nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
+        nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
         x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
         new = ()
         for m in tl.static_range(MT):
@@ -290,7 +279,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      stride_sn, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt,
                      lcnt, stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr,
                      LOAD: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
-                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr, DEPTH: tl.constexpr = 1):  # fmt: skip
+                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -313,7 +302,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
-                           MT, NT, U, LOAD, NW, DEPTH)
+                           MT, NT, U, LOAD, NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         tiles = ()
@@ -364,7 +353,6 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), k // TILE_K // nw, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
         U=cfg.mma_tiles if m <= 8 else 1, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
-        DEPTH=cfg.mma_depth if m <= 8 else 1,
         launch_pdl=pdl, num_warps=nw, **launch.constexprs,
     )  # fmt: skip
     return out

@@ -29,7 +29,7 @@ ROW_TILE = 8  # activation rows per program: one n8 tile, the mma's columns
 def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, N, num_experts, stride_xm, stride_om,
                         stride_we, stride_wn, stride_se, stride_sn, tiles_per_warp,
                         GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, DEPTH: tl.constexpr):  # fmt: skip
+                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     num_n = N // BN
     t = tl.program_id(0) // num_n
@@ -47,7 +47,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, N, num_expert
         nxt = _load_weights(w_rows, s_rows, k_lo, tl.full((32 * NW,), 1, tl.int32), stride_wn, stride_sn, GROUP, U,
                             MT, LOAD)  # fmt: skip
         acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
-                           MT, 1, U, LOAD, NW, DEPTH)  # fmt: skip
+                           MT, 1, U, LOAD, NW)  # fmt: skip
         launch_dependents(PDL)
         offs_m = first + tl.arange(0, 8)
         for m in tl.static_range(MT):
@@ -74,6 +74,6 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
         x, w.values, w.scale, out, expert_offsets, w.n, w.experts, x.stride(0), out.stride(0), w.values.stride(0),
         w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw, GROUP=w.group,
         MT=cfg.block_n // 16, U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw,
-        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, DEPTH=cfg.mma_depth, launch_pdl=pdl, num_warps=nw,
+        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, launch_pdl=pdl, num_warps=nw,
     )  # fmt: skip
     return out

@@ -57,7 +57,6 @@ CASES = {  # name: (format, E, N, K, config)
     "one-row-tile": ("int4", 8, 96, 768, configs._GROUPED_MMA_NARROW[0]),
     "one-k-tile-steps-g128": ("int4-g128", 8, 64, 384, configs._GROUPED_MMA_NARROW[1]),
     "one-warp": ("int4", 8, 32, 256, replace(configs._GROUPED_MMA, num_warps=1)),
-    "two-steps-ahead": ("int4", 8, 64, 1536, replace(configs._GROUPED_MMA, mma_depth=2)),
 }
 
 
