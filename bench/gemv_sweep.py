@@ -1,6 +1,6 @@
 """Sweep of the small-M (decode) kernel and of the one-pass int4 dequantize, on the GPU machine.
 
-    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma]
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma,m16x]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph
 cold-L2 times (graph_us), each output checked against an fp32 reference; per-variant geomean speedups
@@ -9,7 +9,8 @@ winners wired into configs._GEMV for this process and bench/kernels.py's dense t
 dequant: old vs new kernels.dequantize timed with do_bench and graph_us (the difference is host cost
 that do_bench cannot hide), host cost per call on a tiny weight and its parts, int4 tile variants, and
 a device copy / fill for the bandwidth ceiling. train: dequantize + cuBLAS vs bf16, fwd + dX, M = 4096.
-mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs.
+mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs. m16x: the M = 16 kernels with 16
+activation rows and with one row 16 times (stride 0), and M = 1.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -151,6 +153,29 @@ def section_mma(deadline: float) -> None:
     split = {m: {"split/shipped": next(c for b, c in configs.GEMV_TILES if m <= b)} for m in (4, 8, 16)}
     variants = {1: {**mma_variants(), **shipped}, **{m: {**rows, **split[m]} for m in (4, 8, 16)}}
     section_gemv(deadline, variants, models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
+
+
+def section_m16x(deadline: float) -> None:
+    """Why M = 16 is slow: the shipped M = 16 kernel with 16 distinct activation rows, with one row read 16 times (x
+    of stride 0: the same bytes, so L1 / L2 traffic of one row), and M = 1."""
+    say("\n== M = 16 activation traffic: graph_us, us ==")
+    fmt = get_format("int4")
+    cfg16 = next(c for b, c in configs.GEMV_TILES if b == 16)
+    mma16 = replace(configs._GEMV_MMA_ONE_TILE, block_n=16)
+    for model in ("Qwen3-8B", "DeepSeek-V3"):
+        for layer, n, k in bk.DENSE[model]:
+            if time.time() > deadline:
+                return
+            packed, w, wdq, wbf = layer_case(fmt, n, k)
+            x16 = torch.randn(16, k, device="cuda").bfloat16()
+            x_one = x16[:1].expand(16, k)
+            t = {"bf16 M=16": graph_us(F.linear, x16, wbf), "tile M=16": graph_us(run_gemv, x16, w, cfg16),
+                 "tile M=16 one row": graph_us(run_gemv, x_one, w, cfg16),
+                 "mma M=16": graph_us(run_gemv, x16, w, mma16) if configs.mma_ok(w, mma16) else float("nan"),
+                 "mma M=16 one row": graph_us(run_gemv, x_one, w, mma16) if configs.mma_ok(w, mma16) else float("nan"),
+                 "mma M=1": graph_us(run_gemv, x16[:1], w, configs.pick_gemv(1, x16.device, x16.dtype, True, w))}
+            say(f"{model}.{layer:10} {n:6} {k:6} | " + ", ".join(f"{a} {b:.1f}" for a, b in t.items()))
+            del wdq, wbf
 
 
 def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]] | None = None,
@@ -455,7 +480,7 @@ def main() -> None:
     deadline = time.time() + args.budget
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
-                "final": section_final, "lora": section_lora, "mma": section_mma}
+                "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)
