@@ -39,11 +39,14 @@ def main() -> None:
                          "/ slot_sum (the A/B of those kernels)")
     ap.add_argument("--torch-sort", action="store_true",
                     help="MoE: route with torch's argsort instead of kernels.sort_by_expert (the A/B of that kernel)")
+    ap.add_argument("--torch-route", action="store_true",
+                    help="MoE: softmax top-k with torch's ops instead of kernels.softmax_topk (the A/B of that kernel)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     from orbit_lightning.models import moe
 
-    moe.KERNEL_COMBINE, moe.KERNEL_SORT = not args.torch_combine, not args.torch_sort
+    moe.KERNEL_COMBINE, moe.KERNEL_SORT, moe.KERNEL_ROUTE = (not args.torch_combine, not args.torch_sort,
+                                                             not args.torch_route)
 
     import lightning as L
     import peft

@@ -68,6 +68,8 @@ def parse_args() -> argparse.Namespace:
                          "/ slot_sum (the A/B of those kernels)")
     ap.add_argument("--torch-sort", action="store_true",
                     help="MoE: route with torch's argsort instead of kernels.sort_by_expert (the A/B of that kernel)")
+    ap.add_argument("--torch-route", action="store_true",
+                    help="MoE: softmax top-k with torch's ops instead of kernels.softmax_topk (the A/B of that kernel)")
     ap.add_argument("--no-grouped-mma", action="store_true",
                     help="MoE decode through the grouped tile kernel instead of kernels/grouped_mma.py (its A/B)")
     ap.add_argument("--attn-warps", type=int, default=None,
@@ -97,6 +99,8 @@ def parse_args() -> argparse.Namespace:
         importlib.import_module("orbit_lightning.models.moe").KERNEL_COMBINE = False
     if a.torch_sort:
         importlib.import_module("orbit_lightning.models.moe").KERNEL_SORT = False
+    if a.torch_route:
+        importlib.import_module("orbit_lightning.models.moe").KERNEL_ROUTE = False
     if a.no_grouped_mma:
         importlib.import_module("orbit_lightning.kernels.configs").GROUPED_MMA_ROWS = 0
     if a.attn_warps:

@@ -1,9 +1,10 @@
 """Triton kernels for the frozen low-precision base (installed as `orbit_lightning.kernels`).
 
-Fused dequant-GEMM forward and dX for int4 / fp8-block / mxfp4 / nvfp4 packed weights, a split-K
-small-M (decode) path, a grouped MoE GEMM over active experts, a one-pass `dequantize` (for chunked
-paths), the MoE routing sort, combine and its backward, and a batch-invariant mode (`set_batch_invariant` /
-`batch_invariant()`) with a matching RMSNorm. All entry points are plain torch functions without autograd.
+Fused dequant-GEMM forward and dX for int4 / fp8-block / mxfp4 / nvfp4 packed weights, small-M (decode) GEMVs, a
+grouped MoE GEMM over active experts (and its decode GEMV), a one-pass `dequantize` (for chunked paths), the MoE
+routing (softmax top-k, the sort by expert), combine and its backward, and a batch-invariant mode
+(`set_batch_invariant` / `batch_invariant()`) with a matching RMSNorm. All entry points are plain torch functions
+without autograd.
 
 Triton launches a kernel on the *current* CUDA device, not on its tensors' device: with tensors on another
 GPU, call the kernels inside `torch.cuda.device(that_device)` (the rollout engine steps under its own).
@@ -35,6 +36,7 @@ from .logsumexp import logsumexp
 from .lora import lora_add, lora_add_many
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
 from .moe_combine import moe_combine, moe_combine_backward, slot_sum
+from .moe_route import softmax_topk
 from .moe_sort import sort_by_expert
 from .rmsnorm import add_rms_norm, rms_norm
 from .rope import rope
@@ -72,6 +74,7 @@ __all__ = [
     "set_batch_invariant",
     "silu_mul",
     "slot_sum",
+    "softmax_topk",
     "sort_by_expert",
     "supports",
 ]

@@ -130,6 +130,14 @@ for mt, u in ((1, 2), (2, 2), (1, 1)):  # configs._GROUPED_MMA and its two narro
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
     report[f"mma-grouped-mt{mt}-u{u}"] = ptxas_report(src, num_warps=4)
+moe_route = importlib.import_module("orbit_lightning.kernels.moe_route")
+names = list(inspect.signature(moe_route._softmax_topk_kernel.fn).parameters)
+const = dict(K=8, RENORM=True, BT=32, E_POW2=128, PDL=True)
+sig = {n: "constexpr" if n in const else {"logits_ptr": "*bf16", "w_ptr": "*bf16", "ids_ptr": "*i64"}.get(n, "i32")
+       for n in names}  # fmt: skip
+src = ASTSource(fn=moe_route._softmax_topk_kernel, signature=sig,
+                constexprs={(names.index(k),): v for k, v in const.items()})
+report["_softmax_topk_kernel"] = ptxas_report(src, num_warps=4)
 moe_sort = importlib.import_module("orbit_lightning.kernels.moe_sort")
 names = list(inspect.signature(moe_sort._sort_kernel.fn).parameters)
 const = dict(N_POW2=4096, BINS=512, PDL=True)
@@ -167,7 +175,8 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
                            "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1",
                            "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
-                           "_combine_backward_kernel", "_sort_kernel", "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",
+                           "_combine_backward_kernel", "_sort_kernel", "_softmax_topk_kernel",
+                           "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",
                            "mma-grouped-mt1-u1"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report

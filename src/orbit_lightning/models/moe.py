@@ -15,6 +15,7 @@ choice of path.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -31,6 +32,7 @@ DEFAULT_CHUNK_MIB = 1024  # transient dequantized expert weights per chunked gro
 # The routing's kernels on CUDA (set False to compare against torch's ops, as bench/'s --torch-* flags do).
 KERNEL_COMBINE = True  # kernels.moe_combine and its backward, and the dispatch's backward (kernels.slot_sum)
 KERNEL_SORT = True  # kernels.sort_by_expert
+KERNEL_ROUTE = True  # kernels.softmax_topk (Qwen3-MoE's softmax top-k after the router GEMM)
 
 
 def experts_per_chunk(budget_mib: int, hidden: int, intermediate: int, dtype: torch.dtype) -> int:
@@ -47,11 +49,29 @@ class SoftmaxRouter(nn.Module):
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        probs = F.linear(x, self.weight).softmax(dim=-1, dtype=torch.float32)
-        w, idx = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            w = w / invariant.sum_last(w, keepdim=True)
-        return w.to(x.dtype), idx
+        logits = F.linear(x, self.weight)
+        if _kernel_route(logits, self.top_k):  # one launch where torch takes ~6 (decode: ~14 us per layer)
+            w, idx = kernels_module().softmax_topk(logits.detach(), self.top_k, self.norm_topk_prob, x.dtype)
+            weights = partial(_topk_weights, renormalize=self.norm_topk_prob, dtype=x.dtype)
+            return invariant.with_reference_grad(lambda *_: w, weights, logits, idx), idx
+        idx = logits.softmax(dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1).indices
+        return _topk_weights(logits, idx, self.norm_topk_prob, x.dtype), idx
+
+
+def _topk_weights(logits: Tensor, idx: Tensor, renormalize: bool, dtype: torch.dtype) -> Tensor:
+    """The routing weights of the chosen experts `idx` [T, k]: their fp32 softmax probabilities over all experts,
+    divided by their sum if `renormalize`, in `dtype`."""
+    w = logits.softmax(dim=-1, dtype=torch.float32).gather(1, idx)
+    if renormalize:
+        w = w / invariant.sum_last(w, keepdim=True)
+    return w.to(dtype)
+
+
+def _kernel_route(logits: Tensor, k: int) -> bool:
+    """Whether softmax top-k takes kernels.softmax_topk: on CUDA where the kernels run, for a power-of-two k (its
+    slot range). Every batch size: engine and trainer then route alike."""
+    return (KERNEL_ROUTE and logits.is_cuda and k & (k - 1) == 0 and k <= logits.shape[-1]
+            and kernels_run_on(logits.device))  # fmt: skip
 
 
 class GroupedSigmoidRouter(nn.Module):

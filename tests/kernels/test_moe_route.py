@@ -1,0 +1,119 @@
+"""Softmax top-k routing in one launch (kernels/moe_route.py) against a float64 oracle: under the interpreter (fp32
+and fp16 logits) and on the GPU (bf16 too, every Qwen3-style expert count), and the model's router on both paths.
+
+Logits are a shuffled ladder (experts 0.05 apart, plus noise below 0.01, the largest near 0), so no two of a row's
+leading probabilities are within rounding of each other, even from bf16 logits: the chosen experts must equal the
+oracle's exactly.
+Weight bound: the probabilities are exp(l - max) / sum in fp32; exp (at most 2 ulp, plus the rounding of its
+argument, up to |l - max| ulp) and the E-term sum (E ulp) give 2^-24 (E + 2 |l - max| + 4) relative; the
+renormalization by a k-term sum adds k + 1 ulp; the stored dtype rounds once more (2^-8 bf16, 2^-11 fp16).
+"""
+
+import pytest
+import torch
+
+from orbit_lightning import kernels
+
+pytestmark = pytest.mark.usefixtures("cpu_kernels")
+
+
+def _logits(t: int, e: int, seed: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    ladder = torch.stack([torch.randperm(e, generator=gen) for _ in range(t)]).double() * 0.05
+    noise = torch.rand(t, e, generator=gen, dtype=torch.float64) * 0.01
+    return (ladder + noise - 0.05 * e).to(dtype).to(device)  # the largest near 0, where bf16 resolves them
+
+
+def _oracle(logits: torch.Tensor, k: int, renormalize: bool):
+    probs = logits.double().softmax(-1)
+    w, ids = probs.topk(k, dim=-1)
+    return (w / w.sum(-1, keepdim=True) if renormalize else w), ids
+
+
+def _check(logits, k, renormalize, out_dtype):
+    w, ids = kernels.softmax_topk(logits, k, renormalize, out_dtype)
+    ref_w, ref_ids = _oracle(logits.cpu(), k, renormalize)
+    assert w.dtype == out_dtype and ids.dtype == torch.int64 and w.shape == ids.shape == (logits.shape[0], k)
+    assert torch.equal(ids.cpu(), ref_ids)
+    e = logits.shape[-1]
+    spread = (logits.double().max(-1, keepdim=True).values - logits.double()).gather(1, ids).cpu()
+    rel = 2.0**-24 * (e + 2 * spread + 4 + (k + 1 if renormalize else 0))
+    rel = rel + {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[out_dtype]
+    err = (w.cpu().double() - ref_w).abs()
+    assert (err <= rel * ref_w).all(), f"max error {(err / ref_w).max():.3e} relative"
+
+
+@pytest.mark.parametrize("e,k", [(128, 8), (60, 4), (8, 2), (5, 1)])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_softmax_topk_matches_fp64(e, k, renormalize):
+    for t, seed in ((1, 0), (37, 1)):  # one row; rows over several programs with a partial last block
+        _check(_logits(t, e, seed), k, renormalize, torch.float32)
+    _check(_logits(9, e, 2, torch.float16), k, renormalize, torch.float16)
+
+
+def test_softmax_topk_rejects_what_it_cannot_pick():
+    logits = torch.randn(4, 16)
+    with pytest.raises(ValueError, match="power-of-two k"):
+        kernels.softmax_topk(logits, 3, True, torch.float32)
+    with pytest.raises(ValueError, match="power-of-two k"):
+        kernels.softmax_topk(logits, 32, True, torch.float32)
+    with pytest.raises(ValueError, match=r"\[tokens, experts\]"):
+        kernels.softmax_topk(logits[None], 2, True, torch.float32)
+    with pytest.raises(ValueError, match="writes bf16/fp16/fp32"):
+        kernels.softmax_topk(logits, 2, True, torch.int32)
+    w, ids = kernels.softmax_topk(logits[:0], 2, True, torch.float32)
+    assert w.shape == ids.shape == (0, 2)
+
+
+def _gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
+
+
+@_gpu
+@pytest.mark.parametrize("e,k", [(128, 8), (60, 4), (384, 8), (512, 2)])
+def test_gpu_softmax_topk_matches_fp64(e, k):
+    for t, dtype, out in ((1, torch.bfloat16, torch.bfloat16), (300, torch.bfloat16, torch.bfloat16),
+                          (4099, torch.float32, torch.float32), (17, torch.float16, torch.float16)):  # fmt: skip
+        for renormalize in (True, False):
+            _check(_logits(t, e, t, dtype, "cuda"), k, renormalize, out)
+
+
+def _router_paths(device, dtype, monkeypatch, force=False):
+    """models.moe.SoftmaxRouter with the kernel (which must run) against torch's ops: the same experts, weights
+    within the dtype's rounding, and the same gradient for x (torch's formula differentiated on both paths)."""
+    from orbit_lightning.models import moe
+    from orbit_lightning.models.config import ModelConfig
+
+    cfg = ModelConfig("qwen3_moe", vocab_size=32, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, num_experts=60, num_experts_per_tok=4,
+                      moe_intermediate_size=32, norm_topk_prob=True)
+    router = moe.SoftmaxRouter(cfg)
+    torch.nn.init.normal_(router.weight, std=0.5, generator=torch.Generator().manual_seed(0))
+    router = router.to(device, dtype)
+    x = torch.randn(33, 64, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    calls = []
+    monkeypatch.setattr(kernels, "softmax_topk", lambda *a: calls.append(1) or kernels.moe_route.softmax_topk(*a))
+    runs = []
+    for kernel in (True, False):
+        monkeypatch.setattr(moe, "KERNEL_ROUTE", kernel)
+        if force:  # the CPU: the interpreter runs the kernel where the model would not take it
+            monkeypatch.setattr(moe, "_kernel_route", lambda logits, k, on=kernel: on)
+        xg = x.clone().requires_grad_()
+        w, ids = router(xg)
+        (w.float() * torch.arange(1, 5, device=device)).sum().backward()
+        runs.append((w.detach(), ids, xg.grad))
+        assert len(calls) == int(kernel)
+        calls.clear()
+    (w0, ids0, dx0), (w1, ids1, dx1) = runs
+    assert torch.equal(ids0, ids1)
+    torch.testing.assert_close(w0, w1, rtol=2**-8 if dtype == torch.bfloat16 else 2**-20, atol=0)
+    torch.testing.assert_close(dx0, dx1)
+
+
+def test_router_kernel_path_matches_torchs_and_backpropagates(monkeypatch):
+    _router_paths("cpu", torch.float32, monkeypatch, force=True)
+
+
+@_gpu
+def test_gpu_router_kernel_path_matches_torchs_and_backpropagates(monkeypatch):
+    _router_paths("cuda", torch.bfloat16, monkeypatch)
