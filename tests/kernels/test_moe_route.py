@@ -14,7 +14,7 @@ import torch
 
 from orbit_lightning import kernels
 
-pytestmark = pytest.mark.usefixtures("cpu_kernels")
+cpu = pytest.mark.usefixtures("cpu_kernels")
 
 
 def _logits(t: int, e: int, seed: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
@@ -43,6 +43,7 @@ def _check(logits, k, renormalize, out_dtype):
     assert (err <= rel * ref_w).all(), f"max error {(err / ref_w).max():.3e} relative"
 
 
+@cpu
 @pytest.mark.parametrize("e,k", [(128, 8), (60, 4), (8, 2), (5, 1)])
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_softmax_topk_matches_fp64(e, k, renormalize):
@@ -51,6 +52,7 @@ def test_softmax_topk_matches_fp64(e, k, renormalize):
     _check(_logits(9, e, 2, torch.float16), k, renormalize, torch.float16)
 
 
+@cpu
 def test_softmax_topk_rejects_what_it_cannot_pick():
     logits = torch.randn(4, 16)
     with pytest.raises(ValueError, match="power-of-two k"):
@@ -110,6 +112,7 @@ def _router_paths(device, dtype, monkeypatch, force=False):
     torch.testing.assert_close(dx0, dx1)
 
 
+@cpu
 def test_router_kernel_path_matches_torchs_and_backpropagates(monkeypatch):
     _router_paths("cpu", torch.float32, monkeypatch, force=True)
 
