@@ -112,6 +112,17 @@ def section_mma() -> None:
             pick = next((label for label, cfg in variants.items() if cfg == picked), "tile")
             print(f"{name} tokens {tokens:3d}: " + ", ".join(f"{label} {t:.1f}" for label, t in times.items())
                   + f" | dispatch: {pick} ({times['tile'] / times[pick]:.2f}x the tile kernel)", flush=True)
+            if name == "gate" and kernels.grouped_dequant_swiglu(x, offsets, "int4", packed, packed) is not None:
+                three = bk.graph_us(_swiglu_unfused, x, offsets, packed)
+                one = bk.graph_us(kernels.grouped_dequant_swiglu, x, offsets, "int4", packed, packed)
+                print(f"  gate, up, silu_mul: three launches {three:.1f} us, one (grouped_dequant_swiglu) {one:.1f} us",
+                      flush=True)  # fmt: skip
+
+
+def _swiglu_unfused(x, offsets, packed):
+    """What models.moe runs without the fused kernel (the gate's weights stand in for up's)."""
+    gate = kernels.grouped_dequant_linear(x, offsets, "int4", packed)
+    return kernels.silu_mul(gate, kernels.grouped_dequant_linear(x, offsets, "int4", packed))
 
 
 def _event_us(fn, reps: int = 20) -> float:

@@ -72,6 +72,8 @@ def parse_args() -> argparse.Namespace:
                     help="MoE: softmax top-k with torch's ops instead of kernels.softmax_topk (the A/B of that kernel)")
     ap.add_argument("--no-grouped-mma", action="store_true",
                     help="MoE decode through the grouped tile kernel instead of kernels/grouped_mma.py (its A/B)")
+    ap.add_argument("--unfused-swiglu", action="store_true",
+                    help="MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)")
     ap.add_argument("--attn-warps", type=int, default=None,
                     help="warps per attention program (kernels.attention.NUM_WARPS), to A/B it")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -101,6 +103,8 @@ def parse_args() -> argparse.Namespace:
         importlib.import_module("orbit_lightning.models.moe").KERNEL_SORT = False
     if a.torch_route:
         importlib.import_module("orbit_lightning.models.moe").KERNEL_ROUTE = False
+    if a.unfused_swiglu:
+        importlib.import_module("orbit_lightning.kernels.configs").GROUPED_MMA_SWIGLU = False
     if a.no_grouped_mma:
         importlib.import_module("orbit_lightning.kernels.configs").GROUPED_MMA_ROWS = 0
     if a.attn_warps:

@@ -31,15 +31,23 @@ def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, stride_g, stride_u, BLOCK: tl.const
     row = tl.program_id(0).to(tl.int64)  # rows on axis 0: a prefill has more than axis 1's 65535
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0)
+    u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0)
+    tl.store(o_ptr + row * n + offs, silu_times(g, u, o_ptr.dtype.element_ty, LIBDEVICE), mask=mask)
+
+
+@triton.jit
+def silu_times(g, u, dt: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """silu(g) * u in dtype dt by torch's steps, for g and u holding dt values (of any float type): silu in fp32,
+    rounded to dt, times u in fp32, rounded again. Callers launch with enable_fp_fusion=False and
+    enable_reflect_ftz=False (see above)."""
+    g = g.to(tl.float32)
     if LIBDEVICE:
         e = libdevice.exp(-g)
     else:
         e = tl.exp(-g)
-    dt: tl.constexpr = o_ptr.dtype.element_ty
     act = tl.div_rn(g, 1.0 + e).to(dt).to(tl.float32)  # F.silu's output, rounded to the dtype
-    tl.store(o_ptr + row * n + offs, (act * u).to(dt), mask=mask)
+    return (act * u.to(tl.float32)).to(dt)
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:

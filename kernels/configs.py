@@ -213,21 +213,23 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
 # tokens: 40.6 against 44.3 us), one below (1 token: 7.3 against 8.2). A K not in whole steps of 256 takes one tile
 # per step. Eight warps per program measured no better than four.
 GROUPED_MMA_ROWS = 16
+GROUPED_MMA_SWIGLU = True  # gate, up and SiLU-mul in one launch there (kernels.grouped_dequant_swiglu); False: three
 _GROUPED_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=4, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GROUPED_MMA_NARROW = (replace(_GROUPED_MMA, block_n=16), replace(_GROUPED_MMA, block_n=16, mma_tiles=1))
 
 
-def pick_grouped_mma(x: torch.Tensor, w: PackedWeight) -> GemvConfig | None:
+def pick_grouped_mma(x: torch.Tensor, w: PackedWeight, swiglu: bool = False) -> GemvConfig | None:
     """grouped_mma.py's config for the sorted rows x [T, K] (bf16, int4 `w`: the caller checks) of stacked experts
     `w`, or None where grouped.py's tile kernel serves: batch-invariant mode (one fixed tile config for every
-    batch), more than GROUPED_MMA_ROWS rows per expert, rows off 16-byte boundaries, weights it cannot read."""
+    batch), more than GROUPED_MMA_ROWS rows per expert, rows off 16-byte boundaries, weights it cannot read.
+    `swiglu`: for gate and up in one launch, whose programs take 16 rows of each (block_n 16)."""
     t = x.shape[0]
     if (is_batch_invariant() or x.device.type != "cuda" or t > GROUPED_MMA_ROWS * w.experts or x.stride(1) != 1
             or x.stride(0) % 8 or x.data_ptr() % 16):  # fmt: skip
         return None
     tiles = min(t, -(-t // 8) + w.experts)
     wide = tiles * (w.n // _GROUPED_MMA.block_n) >= 4 * sm_count(x.device)
-    for cfg in ((_GROUPED_MMA,) if wide else ()) + _GROUPED_MMA_NARROW:
+    for cfg in ((_GROUPED_MMA,) if wide and not swiglu else ()) + _GROUPED_MMA_NARROW:
         if mma_ok(w, cfg, stacked=True):
             return cfg
     return None

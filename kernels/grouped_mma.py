@@ -7,6 +7,8 @@ and 16 * MT of its weight rows, and runs gemv_mma.py's M <= 8 main loop on them:
 summed in a fixed order, so results are deterministic. Weights of experts without rows are never read; rows past
 an expert's first 8 take another tile, which reads its weights again (mostly from L2): `configs.pick_grouped_mma`
 keeps this kernel to batches of at most GROUPED_MMA_ROWS rows per expert on average, where it was measured ahead.
+With the up projection too, a program takes 16 rows of gate and of up as its two row tiles and writes SwiGLU's
+silu(gate) * up (kernels/activation.py's steps): one launch for the expert MLP's first half.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .activation import silu_times
 from .configs import TILE_K, GemvConfig, sm_count
 from .formats import PackedWeight
 from .gemv_mma import _LOAD_W, _TILE_K, _gather, _load_weights, activation_rows, mma_mainloop, row_addresses, warps_for
@@ -26,11 +29,14 @@ ROW_TILE = 8  # activation rows per program: one n8 tile, the mma's columns
 
 
 @triton.jit
-def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, N, num_experts, stride_xm, stride_om,
-                        stride_we, stride_wn, stride_se, stride_sn, tiles_per_warp,
+def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_ptr, N, num_experts, stride_xm,
+                        stride_om, stride_we, stride_wn, stride_se, stride_sn, tiles_per_warp,
                         GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-    BN: tl.constexpr = 16 * MT
+                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr,
+                        LIBDEVICE: tl.constexpr):  # fmt: skip
+    """out = x W^T per expert; SWIGLU: out = silu(x W^T) * (x W2^T) (W2 laid out as W: the up projection), each
+    program then taking 16 rows of both."""
+    BN: tl.constexpr = 16 if SWIGLU else 16 * MT
     num_n = N // BN
     t = tl.program_id(0) // num_n
     pid_n = tl.program_id(0) % num_n
@@ -42,7 +48,11 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, N, num_expert
         k_lo = (lane // 32) * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
         e64 = e.to(tl.int64)
         w_rows, s_rows = row_addresses(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN + g,
-                                       stride_wn, stride_sn, MT)  # fmt: skip
+                                       stride_wn, stride_sn, MT // 2 if SWIGLU else MT)  # fmt: skip
+        if SWIGLU:  # the up rows are the loop's second row tile
+            up_w, up_s = row_addresses(w2_ptr + e64 * stride_we, s2_ptr + e64 * stride_se, pid_n * BN + g,
+                                       stride_wn, stride_sn, 1)  # fmt: skip
+            w_rows, s_rows = w_rows + up_w, s_rows + up_s
         x_rows, x_ok = activation_rows(x_ptr, first + g, end, stride_xm, 1)
         nxt = _load_weights(w_rows, s_rows, k_lo, tl.full((32 * NW,), 1, tl.int32), stride_wn, stride_sn, GROUP, U,
                             MT, LOAD)  # fmt: skip
@@ -50,30 +60,47 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, N, num_expert
                            MT, 1, U, LOAD, NW)  # fmt: skip
         launch_dependents(PDL)
         offs_m = first + tl.arange(0, 8)
-        for m in tl.static_range(MT):
-            c = acc[m]
-            y = _gather(c[0], c[1], c[2], c[3], NW)  # [16 weight rows, 8 activation rows]
-            offs_n = pid_n * BN + 16 * m + tl.arange(0, 16)
+        dt: tl.constexpr = out_ptr.dtype.element_ty
+        if SWIGLU:
+            gate, up = acc[0], acc[1]
+            y = silu_times(_gather(gate[0], gate[1], gate[2], gate[3], NW).to(dt),
+                           _gather(up[0], up[1], up[2], up[3], NW).to(dt), dt, LIBDEVICE)  # fmt: skip
+            offs_n = pid_n * BN + tl.arange(0, 16)
             ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
-            tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=offs_m[None, :] < end)
+            tl.store(ptrs, y, mask=offs_m[None, :] < end)
+        else:
+            for m in tl.static_range(MT):
+                c = acc[m]
+                y = _gather(c[0], c[1], c[2], c[3], NW)  # [16 weight rows, 8 activation rows]
+                offs_n = pid_n * BN + 16 * m + tl.arange(0, 16)
+                ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+                tl.store(ptrs, y.to(dt), mask=offs_m[None, :] < end)
 
 
-def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvConfig) -> Tensor:
-    """out[rows_e] = x[rows_e] @ W_e^T for the stacked int4 experts `w` (configs.grouped_mma_ok), x bf16 [T, K] sorted
-    by expert with rows on 16-byte boundaries, expert_offsets int [E + 1] on x's device (grouped_gemm's contract).
-    Returns [T, N] bf16."""
+def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvConfig,
+                up: PackedWeight | None = None) -> Tensor:
+    """out[rows_e] = x[rows_e] @ W_e^T for the stacked int4 experts `w` (configs.mma_ok), x bf16 [T, K] sorted by
+    expert with rows on 16-byte boundaries, expert_offsets int [E + 1] on x's device (grouped_gemm's contract).
+    With `up` (the up projection, laid out as `w`): silu(x W_e^T) * (x Up_e^T), bitwise what the two projections
+    at `cfg` and kernels.silu_mul give (SwiGLU in one launch; cfg.block_n must be 16). Returns [T, N] bf16."""
     t, k = x.shape
     out = torch.empty((t, w.n), dtype=x.dtype, device=x.device)
     if t == 0:
         return out
+    swiglu = up is not None
+    if swiglu and (cfg.block_n != 16 or up.values.stride() != w.values.stride() or
+                   up.scale.stride() != w.scale.stride()):  # fmt: skip
+        raise ValueError("grouped_mma's SwiGLU takes block_n 16 and gate and up weights of one layout")
     max_tiles = min(t, triton.cdiv(t, ROW_TILE) + w.experts)  # each tile >= 1 row, each expert wastes < 1 tile
     programs = max_tiles * (w.n // cfg.block_n)
     nw = warps_for(cfg, programs, k, sm_count(x.device))
     pdl = use_pdl(x.device)
+    up = up or w
     _grouped_mma_kernel[(programs,)](
-        x, w.values, w.scale, out, expert_offsets, w.n, w.experts, x.stride(0), out.stride(0), w.values.stride(0),
-        w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw, GROUP=w.group,
-        MT=cfg.block_n // 16, U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw,
-        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, launch_pdl=pdl, num_warps=nw,
+        x, w.values, w.scale, up.values, up.scale, out, expert_offsets, w.n, w.experts, x.stride(0), out.stride(0),
+        w.values.stride(0), w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw,
+        GROUP=w.group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw,
+        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, SWIGLU=swiglu, LIBDEVICE=True, launch_pdl=pdl,
+        num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
     )  # fmt: skip
     return out

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .configs import TileConfig, capability, pick_grouped_mma
+from . import configs
+from .configs import TileConfig, capability, mma_ok, pick_grouped_mma
 from .formats import plain, resolve
 from .gemm import INTERPRETED, dense_gemm, fast_int4
 from .gemv_lora import LoraDelta
@@ -87,6 +88,23 @@ def grouped_dequant_linear(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
         if mma is not None:
             return grouped_mma(x_sorted, expert_offsets, w, mma)
     return grouped_gemm(x_sorted, expert_offsets, w, dx=False, config=config)
+
+
+def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,
+                           gate: Mapping[str, Tensor], up: Mapping[str, Tensor], **fmt_kw) -> Tensor | None:
+    """An expert MLP's first half, silu(x_sorted[rows_e] @ Gate_e^T) * (x_sorted[rows_e] @ Up_e^T), in one launch
+    where the decode kernel serves (grouped_mma.py: int4 on bf16, a few rows per expert, outside batch-invariant
+    mode), None elsewhere, for the caller to run the two projections and silu_mul. Its result is bitwise theirs
+    through grouped_mma at its config (the projections' own config may split K over other warps: fp32 rounding).
+    Returns [T, I] in x_sorted.dtype."""
+    w, w_up = resolve(fmt, gate, stacked=True, **fmt_kw), resolve(fmt, up, stacked=True, **fmt_kw)
+    if not (configs.GROUPED_MMA_SWIGLU and fast_int4(w, x_sorted.dtype)):
+        return None
+    check_grouped(x_sorted, expert_offsets, w, dx=False)
+    mma = pick_grouped_mma(x_sorted, w, swiglu=True)
+    if mma is None or w_up.n != w.n or not mma_ok(w_up, mma, stacked=True):
+        return None
+    return grouped_mma(x_sorted, expert_offsets, w, mma, up=w_up)
 
 
 def grouped_dequant_linear_dx(dy_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,

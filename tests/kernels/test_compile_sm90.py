@@ -123,13 +123,16 @@ for kernel, const in ((moe_combine._slot_sum_kernel, dict(WEIGHTED=True, BLOCK=1
     report[kernel.fn.__name__] = ptxas_report(src, num_warps=4, enable_fp_fusion=False)
 grouped_mma = importlib.import_module("orbit_lightning.kernels.grouped_mma")
 names = list(inspect.signature(grouped_mma._grouped_mma_kernel.fn).parameters)
-pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16", "offsets_ptr": "*i32"}
-for mt, u in ((1, 2), (2, 2), (1, 1)):  # configs._GROUPED_MMA and its two narrow variants
-    const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True)
+pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "w2_ptr": "*i32", "s2_ptr": "*bf16",
+            "out_ptr": "*bf16", "offsets_ptr": "*i32"}
+for mt, u, swiglu in ((1, 2, False), (2, 2, False), (1, 1, False), (2, 2, True)):  # _GROUPED_MMA and its variants
+    const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True, SWIGLU=swiglu,
+                 LIBDEVICE=True)
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    report[f"mma-grouped-mt{mt}-u{u}"] = ptxas_report(src, num_warps=4)
+    name = "mma-grouped-swiglu" if swiglu else f"mma-grouped-mt{mt}-u{u}"
+    report[name] = ptxas_report(src, num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
 moe_route = importlib.import_module("orbit_lightning.kernels.moe_route")
 names = list(inspect.signature(moe_route._softmax_topk_kernel.fn).parameters)
 const = dict(K=8, RENORM=True, BT=32, E_POW2=128, PDL=True)
@@ -177,7 +180,7 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
                            "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
                            "_combine_backward_kernel", "_sort_kernel", "_softmax_topk_kernel",
                            "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",
-                           "mma-grouped-mt1-u1"}
+                           "mma-grouped-mt1-u1", "mma-grouped-swiglu"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
 

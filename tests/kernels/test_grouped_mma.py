@@ -110,3 +110,45 @@ def test_gpu_decode_batches_take_the_mma_kernel_and_replay_in_a_graph():
         static_offsets.copy_(_routing(moved))
         graph.replay()
         _check(static_x, w, moved, static_y)
+
+
+@_gpu
+@pytest.mark.parametrize("cfg", [0, 1])
+def test_gpu_swiglu_in_one_launch_is_bitwise_the_projections_and_silu_mul(cfg):
+    cfg = configs._GROUPED_MMA_NARROW[cfg]
+    e, n, k = 8, 96, 768
+    gate, _ = random_weight("int4", (e, n, k), seed=5, device="cuda")
+    up, _ = random_weight("int4", (e, n, k), seed=6, device="cuda")
+    wg, wu = resolve("int4", gate, stacked=True), resolve("int4", up, stacked=True)
+    for counts in (ROUTINGS["mixed"], [1, 0, 0, 0, 0, 0, 0, 0]):
+        x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+        offsets = _routing(counts)
+        h = grouped_mma(x, offsets, wg, cfg, up=wu)
+        assert torch.equal(h, kernels.silu_mul(grouped_mma(x, offsets, wg, cfg), grouped_mma(x, offsets, wu, cfg)))
+
+
+@_gpu
+def test_gpu_quant_experts_take_the_fused_swiglu_at_decode_only():
+    """QuantExperts.swiglu: no autograd graph and a decode batch -> one launch (grouped_dequant_swiglu returns it);
+    with a graph, or many rows, or batch-invariant mode -> the projections and silu_mul. The results agree within
+    the fp32 summation order of other warp splits (bf16 rounding of the projections, then of the product)."""
+    from orbit_lightning.quant.experts import QuantExperts
+    from orbit_lightning.quant.grouped import ExpertGroups
+
+    experts = QuantExperts(16, 512, 128, "int4").cuda()
+    experts.random_init(torch.Generator("cuda").manual_seed(0))
+    gate, up = experts.packed("gate_proj"), experts.packed("up_proj")
+    counts = [2, 0, 1, 0, 3, 0, 0, 2] * 2
+    x = torch.randn(sum(counts), 512, device="cuda", dtype=torch.bfloat16)
+    offsets = _routing(counts)
+    fused = kernels.grouped_dequant_swiglu(x, offsets, "int4", gate, up)
+    assert fused is not None
+    with torch.no_grad():
+        assert torch.equal(experts.swiglu(x, ExpertGroups(offsets)), fused)
+    xg = x.clone().requires_grad_()
+    unfused = experts.swiglu(xg, ExpertGroups(offsets))
+    torch.testing.assert_close(unfused.detach(), fused, rtol=2**-6, atol=1e-3)
+    many = torch.randn(configs.GROUPED_MMA_ROWS * 16 + 1, 512, device="cuda", dtype=torch.bfloat16)
+    assert kernels.grouped_dequant_swiglu(many, _routing([many.shape[0]] + [0] * 15), "int4", gate, up) is None
+    with kernels.batch_invariant():
+        assert kernels.grouped_dequant_swiglu(x, offsets, "int4", gate, up) is None

@@ -136,6 +136,11 @@ class LoraExperts(AdapterLayer):
         delta = grouped_mm(grouped_mm(x.to(a.dtype), a, groups), b, groups)  # never syncs on device groups
         return y + (delta * self.scaling).to(y.dtype)
 
+    def swiglu(self, x: Tensor, groups: ExpertGroups) -> Tensor:
+        if self.active_tensors() is None or not {"gate_proj", "up_proj"} & set(self.projections):
+            return self.base_layer.swiglu(x, groups)  # (the base's fused decode kernel, where it has one)
+        return Experts.swiglu(self, x, groups)  # the two projections through this layer's `linear`
+
     def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
         return dispatch_experts(x, topk_ids, topk_w, self)
 

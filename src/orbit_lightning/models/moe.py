@@ -129,6 +129,10 @@ class Experts(nn.Module):
         """x [M, K] rows sorted by expert, split as `groups` says -> [M, N]."""
         return grouped_mm(x, groups.select(getattr(self, proj)), groups)
 
+    def swiglu(self, x: Tensor, groups: ExpertGroups) -> Tensor:
+        """The expert MLP's first half, silu(x W_gate^T) * (x W_up^T), for rows sorted by expert."""
+        return silu_mul(self.linear("gate_proj", x, groups), self.linear("up_proj", x, groups))
+
     def device_groups_blocker(self, device: torch.device, invariant: bool = False) -> str | None:
         """Why `linear` cannot take device groups on `device` (None: it can); `invariant`: and stay batch-invariant
         without reading group sizes on the host (what a CUDA graph of batch-invariant decode needs)."""
@@ -153,6 +157,8 @@ class GroupedExperts(Protocol):
     def chunk_size(self, rows: int, device: torch.device) -> int | None: ...
 
     def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor: ...
+
+    def swiglu(self, x: Tensor, groups: ExpertGroups) -> Tensor: ...
 
 
 def dispatch_experts(x: Tensor, topk_ids: Tensor, topk_w: Tensor, experts: GroupedExperts) -> Tensor:
@@ -229,8 +235,7 @@ def _expert_offsets(sorted_ids: Tensor, num_experts: int) -> Tensor:
 
 
 def _expert_mlp(experts: GroupedExperts, rows: Tensor, groups: ExpertGroups) -> Tensor:
-    h = silu_mul(experts.linear("gate_proj", rows, groups), experts.linear("up_proj", rows, groups))
-    return experts.linear("down_proj", h, groups)
+    return experts.linear("down_proj", experts.swiglu(rows, groups), groups)
 
 
 def _chunked_mlp(experts: GroupedExperts, xs: Tensor, offsets: Tensor, chunk: int) -> Tensor:

@@ -114,6 +114,16 @@ def dequant_grouped(x: Tensor, experts, proj: str, groups: ExpertGroups) -> Tens
     return grouped_mm(x, w, groups)
 
 
+def dequant_swiglu(x: Tensor, experts, groups: ExpertGroups) -> Tensor | None:
+    """silu(x_g @ Gate[e_g]^T) * (x_g @ Up[e_g]^T) in one launch where the decode kernel serves it (device groups
+    of a few rows per expert: kernels.grouped_dequant_swiglu), else None. No autograd."""
+    k = _grouped_kernels(x, groups, experts.fmt)
+    if k is None:
+        return None
+    return k.grouped_dequant_swiglu(x, groups.offsets, experts.fmt, experts.packed("gate_proj"),
+                                    experts.packed("up_proj"))
+
+
 def dequant_grouped_dx(dy: Tensor, experts, proj: str, groups: ExpertGroups) -> Tensor:
     k = _grouped_kernels(dy, groups, experts.fmt)
     if k is not None:

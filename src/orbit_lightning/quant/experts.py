@@ -83,6 +83,15 @@ class QuantExperts(Experts):
 
         return dequant_grouped(x, self, proj, groups)
 
+    def swiglu(self, x: Tensor, groups: ExpertGroups) -> Tensor:
+        if not (torch.is_grad_enabled() and x.requires_grad):  # (the fused kernel has no backward)
+            from .dispatch import dequant_swiglu
+
+            h = dequant_swiglu(x, self, groups)
+            if h is not None:
+                return h
+        return super().swiglu(x, groups)
+
     @classmethod
     def from_experts(cls, experts: Experts, fmt: QuantFormat | str) -> QuantExperts:
         e, i, d = experts.gate_proj.shape
