@@ -204,6 +204,12 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
             and w.values.data_ptr() % 16 == 0)  # fmt: skip
 
 
+def max_row_tiles(rows: int, block_m: int, experts: int) -> int:
+    """Row tiles the grouped kernels' grids provide for `rows` rows sorted over `experts` experts, each expert's rows
+    in tiles of block_m: each tile holds >= 1 row and each expert wastes < 1 tile."""
+    return min(rows, -(-rows // block_m) + experts)
+
+
 # MoE decode, int4 (groups >= 32) on bf16: grouped_mma.py, gemv_mma.py's loop on one expert's 8-row tile per program.
 # bench/moe_sweeps.py --sections mma (H200, graph_us with a cold L2, Qwen3-30B-A3B gate [128 x 768 x 2048] / down,
 # top-8 of 128; bench/RESULTS.md), against the tile kernel: 1 token 12.9 -> 7.3 / 8.9 -> 7.0 us, 64 tokens 70.3 ->
@@ -211,7 +217,8 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
 # -> 150.4: each further 8 rows of an expert read its weights again, so the kernel serves batches of up to
 # GROUPED_MMA_ROWS rows per expert on average. Two row tiles per warp (block_n 32) lead from ~4 programs per SM (64+
 # tokens: 40.6 against 44.3 us), one below (1 token: 7.3 against 8.2). A K not in whole steps of 256 takes one tile
-# per step. Eight warps per program measured no better than four.
+# per step. Eight warps per program measured no better than four. programs_per_sm sizes the K split over the warps
+# (warps_for); at 96-136 registers only 12-20 of those warps are resident per SM at once.
 GROUPED_MMA_ROWS = 16
 GROUPED_MMA_SWIGLU = True  # gate, up and SiLU-mul in one launch there (kernels.grouped_dequant_swiglu); False: three
 _GROUPED_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=4, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
@@ -227,8 +234,7 @@ def pick_grouped_mma(x: torch.Tensor, w: PackedWeight, swiglu: bool = False) -> 
     if (is_batch_invariant() or x.device.type != "cuda" or t > GROUPED_MMA_ROWS * w.experts or x.stride(1) != 1
             or x.stride(0) % 8 or x.data_ptr() % 16):  # fmt: skip
         return None
-    tiles = min(t, -(-t // 8) + w.experts)
-    wide = tiles * (w.n // _GROUPED_MMA.block_n) >= 4 * sm_count(x.device)
+    wide = max_row_tiles(t, 8, w.experts) * (w.n // _GROUPED_MMA.block_n) >= 4 * sm_count(x.device)
     for cfg in ((_GROUPED_MMA,) if wide and not swiglu else ()) + _GROUPED_MMA_NARROW:
         if mma_ok(w, cfg, stacked=True):
             return cfg

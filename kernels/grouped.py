@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .configs import TileConfig, pick_config
+from .configs import TileConfig, max_row_tiles, pick_config
 from .formats import PackedWeight
 from .gemm import check_activation, dot_precision, fast_int4, k_even, tile_mainloop, tile_ptrs
 
@@ -102,8 +102,7 @@ def grouped_gemm(a: Tensor, expert_offsets: Tensor, w: PackedWeight, dx: bool,
     cfg = config or pick_config(kind, -(-t // w.experts), a.device, a.dtype)
     if cfg.split_k > 1:
         raise ValueError("grouped_gemm does not split the reduction; use a TileConfig with split_k=1")
-    # Each tile holds >= 1 row and each expert wastes < 1 tile, which bounds the tile count.
-    max_tiles = min(t, triton.cdiv(t, cfg.block_m) + w.experts)
+    max_tiles = max_row_tiles(t, cfg.block_m, w.experts)
     num_p = triton.cdiv(p, cfg.block_p)
     gs = w.global_scale if w.global_scale is not None else w.scale
     _grouped_kernel[(max_tiles * num_p,)](

@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .activation import silu_times
-from .configs import TILE_K, GemvConfig, sm_count
+from .configs import TILE_K, GemvConfig, max_row_tiles, sm_count
 from .formats import PackedWeight
 from .gemv_mma import _LOAD_W, _TILE_K, _gather, _load_weights, activation_rows, mma_mainloop, row_addresses, warps_for
 from .grouped import _find_tile
@@ -32,8 +32,7 @@ ROW_TILE = 8  # activation rows per program: one n8 tile, the mma's columns
 def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_ptr, N, num_experts, stride_xm,
                         stride_om, stride_we, stride_wn, stride_se, stride_sn, tiles_per_warp,
                         GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr,
-                        LIBDEVICE: tl.constexpr):  # fmt: skip
+                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr):  # fmt: skip
     """out = x W^T per expert; SWIGLU: out = silu(x W^T) * (x W2^T) (W2 laid out as W: the up projection), each
     program then taking 16 rows of both."""
     BN: tl.constexpr = 16 if SWIGLU else 16 * MT
@@ -64,7 +63,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         if SWIGLU:
             gate, up = acc[0], acc[1]
             y = silu_times(_gather(gate[0], gate[1], gate[2], gate[3], NW).to(dt),
-                           _gather(up[0], up[1], up[2], up[3], NW).to(dt), dt, LIBDEVICE)  # fmt: skip
+                           _gather(up[0], up[1], up[2], up[3], NW).to(dt), dt, True)  # fmt: skip
             offs_n = pid_n * BN + tl.arange(0, 16)
             ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
             tl.store(ptrs, y, mask=offs_m[None, :] < end)
@@ -75,6 +74,12 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
                 offs_n = pid_n * BN + 16 * m + tl.arange(0, 16)
                 ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
                 tl.store(ptrs, y.to(dt), mask=offs_m[None, :] < end)
+
+
+def same_layout(w: PackedWeight, up: PackedWeight) -> bool:
+    """Whether `up` can be read with `w`'s shape, groups and strides (the SwiGLU kernel's second weight)."""
+    return ((up.experts, up.n, up.k, up.group) == (w.experts, w.n, w.k, w.group)
+            and up.values.stride() == w.values.stride() and up.scale.stride() == w.scale.stride())  # fmt: skip
 
 
 def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvConfig,
@@ -88,11 +93,9 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
     if t == 0:
         return out
     swiglu = up is not None
-    if swiglu and (cfg.block_n != 16 or up.values.stride() != w.values.stride() or
-                   up.scale.stride() != w.scale.stride()):  # fmt: skip
-        raise ValueError("grouped_mma's SwiGLU takes block_n 16 and gate and up weights of one layout")
-    max_tiles = min(t, triton.cdiv(t, ROW_TILE) + w.experts)  # each tile >= 1 row, each expert wastes < 1 tile
-    programs = max_tiles * (w.n // cfg.block_n)
+    if swiglu and (cfg.block_n != 16 or not same_layout(w, up)):
+        raise ValueError("grouped_mma's SwiGLU takes block_n 16 and gate and up weights of one shape and layout")
+    programs = max_row_tiles(t, ROW_TILE, w.experts) * (w.n // cfg.block_n)
     nw = warps_for(cfg, programs, k, sm_count(x.device))
     pdl = use_pdl(x.device)
     up = up or w
@@ -100,7 +103,7 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
         x, w.values, w.scale, up.values, up.scale, out, expert_offsets, w.n, w.experts, x.stride(0), out.stride(0),
         w.values.stride(0), w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw,
         GROUP=w.group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw,
-        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, SWIGLU=swiglu, LIBDEVICE=True, launch_pdl=pdl,
+        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, SWIGLU=swiglu, launch_pdl=pdl,
         num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
     )  # fmt: skip
     return out

@@ -14,12 +14,12 @@ import torch
 from torch import Tensor
 
 from . import configs
-from .configs import TileConfig, capability, mma_ok, pick_grouped_mma
+from .configs import TileConfig, capability, pick_grouped_mma
 from .formats import plain, resolve
 from .gemm import INTERPRETED, dense_gemm, fast_int4
 from .gemv_lora import LoraDelta
 from .grouped import check_grouped, grouped_gemm
-from .grouped_mma import grouped_mma
+from .grouped_mma import grouped_mma, same_layout
 
 if TYPE_CHECKING:  # the quant package imports these kernels, not the other way round
     from orbit_lightning.quant.formats import QuantFormat
@@ -97,12 +97,12 @@ def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
     mode), None elsewhere, for the caller to run the two projections and silu_mul. Its result is bitwise theirs
     through grouped_mma at its config (the projections' own config may split K over other warps: fp32 rounding).
     Returns [T, I] in x_sorted.dtype."""
-    w, w_up = resolve(fmt, gate, stacked=True, **fmt_kw), resolve(fmt, up, stacked=True, **fmt_kw)
+    w = resolve(fmt, gate, stacked=True, **fmt_kw)
     if not (configs.GROUPED_MMA_SWIGLU and fast_int4(w, x_sorted.dtype)):
         return None
     check_grouped(x_sorted, expert_offsets, w, dx=False)
-    mma = pick_grouped_mma(x_sorted, w, swiglu=True)
-    if mma is None or w_up.n != w.n or not mma_ok(w_up, mma, stacked=True):
+    mma, w_up = pick_grouped_mma(x_sorted, w, swiglu=True), resolve(fmt, up, stacked=True, **fmt_kw)
+    if mma is None or not same_layout(w, w_up):
         return None
     return grouped_mma(x_sorted, expert_offsets, w, mma, up=w_up)
 

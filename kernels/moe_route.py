@@ -3,8 +3,9 @@
 torch runs it as a softmax, a top-k (a radix select and a bitonic sort of the k: two launches), the renormalizing sum
 and division and the cast: ~6 launches, ~14 us per MoE layer at batch 1 on an H200, where the layer's experts read
 ~20 us of weights (bench/RESULTS.md). Here a program takes a block of rows: fp32 softmax over the experts, then k
-rounds of max / argmax (the lowest index among equal probabilities), the renormalization and the cast. Each row is
-reduced on its own, so results do not depend on the batch (batch-invariant by construction).
+rounds of max / argmax (the lowest index among equal probabilities, NaN first as in torch.topk), the renormalization
+and the cast. Each row is reduced on its own, so results do not depend on the batch (batch-invariant by
+construction).
 
 The probabilities are torch's formula (exp(l - max) / sum) in fp32; exp and the sum's order differ from torch's
 kernels by a few fp32 ulps, so on near-ties the chosen experts may differ from torch.topk's. Engine and trainer both
@@ -34,16 +35,19 @@ def _softmax_topk_kernel(logits_ptr, w_ptr, ids_ptr, T, E, stride_l, K: tl.const
     logits = tl.where((rows < T)[:, None], logits.to(tl.float32), 0.0)  # (rows past T: zeros, never stored)
     z = tl.exp(logits - tl.max(logits, 1)[:, None])
     p = z / tl.sum(z, 1)[:, None]
-    p = tl.where(e[None, :] < E, p, -1.0)  # padding experts are never chosen
+    # Ranks: NaN first, as torch.topk orders it (a row with a NaN or +inf logit is all NaN: its weights stay NaN, its
+    # ids valid), padding experts never; chosen experts drop below both.
+    rank = tl.where(e[None, :] < E, tl.where(p != p, float("inf"), p), -1.0)
     picked_w = tl.zeros((BT, K), tl.float32)
     picked_i = tl.zeros((BT, K), tl.int32)
     slot = tl.arange(0, K)
     for j in tl.static_range(K):  # descending, as torch.topk returns them
-        best = tl.max(p, 1)
-        idx = tl.min(tl.where(p == best[:, None], e[None, :], E_POW2), 1)  # the lowest index among equals
-        picked_w = tl.where(slot[None, :] == j, best[:, None], picked_w)
+        best = tl.max(rank, 1)
+        idx = tl.min(tl.where(rank == best[:, None], e[None, :], E_POW2), 1)  # the lowest index among equals
+        chosen = e[None, :] == idx[:, None]
+        picked_w = tl.where(slot[None, :] == j, tl.sum(tl.where(chosen, p, 0.0), 1)[:, None], picked_w)
         picked_i = tl.where(slot[None, :] == j, idx[:, None], picked_i)
-        p = tl.where(e[None, :] == idx[:, None], -1.0, p)
+        rank = tl.where(chosen, -2.0, rank)
     if RENORM:
         picked_w = picked_w / tl.sum(picked_w, 1)[:, None]
     out = rows[:, None].to(tl.int64) * K + slot[None, :]
@@ -70,7 +74,7 @@ def softmax_topk(logits: Tensor, k: int, renormalize: bool, out_dtype: torch.dty
         return w, ids
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     e_pow2 = triton.next_power_of_2(e)
-    bt = max(1, min(triton.next_power_of_2(t), 4096 // e_pow2))  # ~4k probabilities per program
+    bt = max(1, min(triton.next_power_of_2(t), 2048 // e_pow2))  # ~16 probabilities per thread
     pdl = use_pdl(logits.device)
     _softmax_topk_kernel[(triton.cdiv(t, bt),)](
         logits, w, ids, t, e, logits.stride(0), K=k, RENORM=renormalize, BT=bt, E_POW2=e_pow2, PDL=pdl,

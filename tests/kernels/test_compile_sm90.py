@@ -126,8 +126,7 @@ names = list(inspect.signature(grouped_mma._grouped_mma_kernel.fn).parameters)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "w2_ptr": "*i32", "s2_ptr": "*bf16",
             "out_ptr": "*bf16", "offsets_ptr": "*i32"}
 for mt, u, swiglu in ((1, 2, False), (2, 2, False), (1, 1, False), (2, 2, True)):  # _GROUPED_MMA and its variants
-    const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True, SWIGLU=swiglu,
-                 LIBDEVICE=True)
+    const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True, SWIGLU=swiglu)
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
@@ -135,7 +134,7 @@ for mt, u, swiglu in ((1, 2, False), (2, 2, False), (1, 1, False), (2, 2, True))
     report[name] = ptxas_report(src, num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
 moe_route = importlib.import_module("orbit_lightning.kernels.moe_route")
 names = list(inspect.signature(moe_route._softmax_topk_kernel.fn).parameters)
-const = dict(K=8, RENORM=True, BT=32, E_POW2=128, PDL=True)
+const = dict(K=8, RENORM=True, BT=16, E_POW2=128, PDL=True)  # as softmax_topk launches E = 128
 sig = {n: "constexpr" if n in const else {"logits_ptr": "*bf16", "w_ptr": "*bf16", "ids_ptr": "*i64"}.get(n, "i32")
        for n in names}  # fmt: skip
 src = ASTSource(fn=moe_route._softmax_topk_kernel, signature=sig,
@@ -183,6 +182,8 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
                            "mma-grouped-mt1-u1", "mma-grouped-swiglu"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
+    # 16 rows x 128 experts per 4-warp program hold ~16 probabilities and ranks per thread: room for 2+ programs
+    assert report["_softmax_topk_kernel"]["registers"] <= 200, report["_softmax_topk_kernel"]
 
 
 @pytest.mark.skipif(not _compiler_available(), reason="this triton install has no NVIDIA backend / ptxas")

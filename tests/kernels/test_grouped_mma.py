@@ -147,7 +147,10 @@ def test_gpu_quant_experts_take_the_fused_swiglu_at_decode_only():
         assert torch.equal(experts.swiglu(x, ExpertGroups(offsets)), fused)
     xg = x.clone().requires_grad_()
     unfused = experts.swiglu(xg, ExpertGroups(offsets))
+    assert unfused.grad_fn is not None  # the projections' autograd path, not the kernel (which has no backward)
     torch.testing.assert_close(unfused.detach(), fused, rtol=2**-6, atol=1e-3)
+    fewer = {name: t[:8] for name, t in up.items()}  # an up projection of another shape is not read
+    assert kernels.grouped_dequant_swiglu(x[:3], _routing([3] + [0] * 15), "int4", gate, fewer) is None
     many = torch.randn(configs.GROUPED_MMA_ROWS * 16 + 1, 512, device="cuda", dtype=torch.bfloat16)
     assert kernels.grouped_dequant_swiglu(many, _routing([many.shape[0]] + [0] * 15), "int4", gate, up) is None
     with kernels.batch_invariant():

@@ -53,6 +53,21 @@ def test_softmax_topk_matches_fp64(e, k, renormalize):
 
 
 @cpu
+def test_softmax_topk_ties_and_non_finite_rows():
+    """Equal probabilities pick the lowest experts first; a row with a NaN or +inf logit (all NaN after the softmax,
+    as in torch) or of all -inf still names k distinct valid experts, with NaN weights, as torch.topk does."""
+    logits = torch.zeros(4, 6)
+    logits[1, 3] = float("nan")
+    logits[2, 4] = float("inf")
+    logits[3] = float("-inf")
+    w, ids = kernels.softmax_topk(logits, 4, True, torch.float32)
+    assert ids[0].tolist() == [0, 1, 2, 3] and torch.allclose(w[0], torch.full((4,), 0.25))
+    for row in ids[1:]:
+        assert row.unique().numel() == 4 and 0 <= row.min() and row.max() < 6
+    assert w[1:].isnan().all()
+
+
+@cpu
 def test_softmax_topk_rejects_what_it_cannot_pick():
     logits = torch.randn(4, 16)
     with pytest.raises(ValueError, match="power-of-two k"):
@@ -82,7 +97,8 @@ def test_gpu_softmax_topk_matches_fp64(e, k):
 
 def _router_paths(device, dtype, monkeypatch, force=False):
     """models.moe.SoftmaxRouter with the kernel (which must run) against torch's ops: the same experts, weights
-    within the dtype's rounding, and the same gradient for x (torch's formula differentiated on both paths)."""
+    within the dtype's rounding, and the same gradients for x and the router weight (torch's formula differentiated
+    on both paths)."""
     from orbit_lightning.models import moe
     from orbit_lightning.models.config import ModelConfig
 
@@ -101,15 +117,17 @@ def _router_paths(device, dtype, monkeypatch, force=False):
         if force:  # the CPU: the interpreter runs the kernel where the model would not take it
             monkeypatch.setattr(moe, "_kernel_route", lambda logits, k, on=kernel: on)
         xg = x.clone().requires_grad_()
+        router.weight.grad = None
         w, ids = router(xg)
         (w.float() * torch.arange(1, 5, device=device)).sum().backward()
-        runs.append((w.detach(), ids, xg.grad))
+        runs.append((w.detach(), ids, xg.grad, router.weight.grad))
         assert len(calls) == int(kernel)
         calls.clear()
-    (w0, ids0, dx0), (w1, ids1, dx1) = runs
+    (w0, ids0, dx0, dr0), (w1, ids1, dx1, dr1) = runs
     assert torch.equal(ids0, ids1)
     torch.testing.assert_close(w0, w1, rtol=2**-8 if dtype == torch.bfloat16 else 2**-20, atol=0)
     torch.testing.assert_close(dx0, dx1)
+    torch.testing.assert_close(dr0, dr1)  # the router's own gradient (the base's router, if it were trained)
 
 
 @cpu

@@ -54,17 +54,18 @@ class SoftmaxRouter(nn.Module):
             w, idx = kernels_module().softmax_topk(logits.detach(), self.top_k, self.norm_topk_prob, x.dtype)
             weights = partial(_topk_weights, renormalize=self.norm_topk_prob, dtype=x.dtype)
             return invariant.with_reference_grad(lambda *_: w, weights, logits, idx), idx
-        idx = logits.softmax(dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1).indices
-        return _topk_weights(logits, idx, self.norm_topk_prob, x.dtype), idx
+        w, idx = logits.softmax(dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1)
+        return _renormalized(w, self.norm_topk_prob, x.dtype), idx
 
 
 def _topk_weights(logits: Tensor, idx: Tensor, renormalize: bool, dtype: torch.dtype) -> Tensor:
     """The routing weights of the chosen experts `idx` [T, k]: their fp32 softmax probabilities over all experts,
-    divided by their sum if `renormalize`, in `dtype`."""
-    w = logits.softmax(dim=-1, dtype=torch.float32).gather(1, idx)
-    if renormalize:
-        w = w / invariant.sum_last(w, keepdim=True)
-    return w.to(dtype)
+    divided by their sum if `renormalize`, in `dtype` (what the router's torch path computes)."""
+    return _renormalized(logits.softmax(dim=-1, dtype=torch.float32).gather(1, idx), renormalize, dtype)
+
+
+def _renormalized(w: Tensor, renormalize: bool, dtype: torch.dtype) -> Tensor:
+    return (w / invariant.sum_last(w, keepdim=True) if renormalize else w).to(dtype)
 
 
 def _kernel_route(logits: Tensor, k: int) -> bool:
