@@ -23,8 +23,7 @@ def dequant_transient(model: torch.nn.Module) -> int:
         if isinstance(m, QuantLinear):
             sizes.append(m.out_features * m.in_features * m.compute_dtype.itemsize)
         elif isinstance(m, QuantExperts):
-            per_chunk = min(m.experts_per_chunk(), m.num_experts)
-            sizes.append(per_chunk * m.hidden * m.intermediate * m.transient_dtype.itemsize)
+            sizes.append(min(m.experts_per_chunk(), m.num_experts) * m.projection_bytes())
     return max(sizes)
 
 

@@ -35,11 +35,6 @@ KERNEL_SORT = True  # kernels.sort_by_expert
 KERNEL_ROUTE = True  # kernels.softmax_topk (Qwen3-MoE's softmax top-k after the router GEMM)
 
 
-def experts_per_chunk(budget_mib: int, hidden: int, intermediate: int, dtype: torch.dtype) -> int:
-    """How many experts' [intermediate, hidden] projections in `dtype` fit `budget_mib` MiB (at least one)."""
-    return max(1, (budget_mib << 20) // (hidden * intermediate * dtype.itemsize))
-
-
 class SoftmaxRouter(nn.Module):
     """Qwen3-MoE: softmax over all experts in fp32, top-k, optional renormalisation."""
 
@@ -120,11 +115,16 @@ class Experts(nn.Module):
         """The dtype of the weights a chunk materializes."""
         return self.gate_proj.dtype
 
+    def projection_bytes(self) -> int:
+        """Bytes of one expert's [intermediate, hidden] projection in the transient dtype (what a chunk materializes
+        per expert)."""
+        return self.hidden * self.intermediate * self.transient_dtype.itemsize
+
     def experts_per_chunk(self) -> int:
         """`chunk`, or as many experts as one projection of `chunk_mib` MiB holds (at least one)."""
         if self.chunk > 0:
             return self.chunk
-        return experts_per_chunk(self.chunk_mib, self.hidden, self.intermediate, self.transient_dtype)
+        return max(1, (self.chunk_mib << 20) // self.projection_bytes())
 
     def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor:
         """x [M, K] rows sorted by expert, split as `groups` says -> [M, N]."""
