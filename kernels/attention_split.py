@@ -29,18 +29,11 @@ from .pdl import use_pdl, wait_for_producers
 CHUNK = 256  # keys per split program of a forced split the policy would not make (tests, benchmarks)
 MIN_CHUNK = 64  # attention._BLOCK_N: a key block never straddles two chunks
 _MERGE_SPLITS = 16  # chunks merged per step: a [16, Dv_pad] fp32 tile stays in registers
-_DEFAULT_SMS = 132  # an H200's; what the CPU interpreter assumes, so its tests take the GPU's decisions
-
-
-def _sm_count(device: torch.device) -> int:
-    return sm_count(device) if device.type == "cuda" else _DEFAULT_SMS
-
-
 def split_chunk(programs: int, max_keys: int, device: torch.device) -> int | None:
     """Keys per program for splitting decode over keys, from host shapes only (CUDA-graph capturable), or None:
     when the unsplit grid of `programs` fills at most half the SMs, enough chunks for about two programs per SM,
     each a power of two >= MIN_CHUNK; None otherwise or when a row holds only one chunk."""
-    sms = _sm_count(torch.device(device))
+    sms = sm_count(torch.device(device))  # (the CPU assumes an H200's)
     if 2 * programs > sms:
         return None
     want = -(-2 * sms // max(programs, 1))

@@ -19,6 +19,9 @@ programs, whose partials, ticket and final sum add a 2.5-3.3 us tail to every la
   128-byte line per step; with one tile, half a line, and the other half a step later, which measured slower.
 - The program's warps meet in a fixed-order sum in shared memory: no K split across programs, no tail.
 
+Under Triton's interpreter the PTX helpers are emulated with the same per-lane registers (emulate.py), so the kernels
+that use them run in CPU tests.
+
 ~350-390 instructions per 4096 weights, none through shared memory. Products are fp32 and the order of the sum is
 fixed, so results are bitwise reproducible run to run; they equal the other kernels' up to the order of the fp32
 summation. The epilogue (LoRA in the same launch, gemv_lora.py) is gemv_out.py's.
@@ -30,6 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import emulate
 from .configs import TILE_K, GemvConfig, sm_count
 from .formats import PackedWeight
 from .gemv_lora import N_COUNTERS, LoraDelta, lora_arrive, lora_leave, lora_rank_program
@@ -38,6 +42,17 @@ from .pdl import launch_dependents, use_pdl, wait_for_producers
 from .timeline import stamp
 
 _TILE_K = tl.constexpr(TILE_K)
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+# Under Triton's interpreter (CPU) inline PTX cannot run: the loads and the mma below are emulated there with the
+# same per-lane register contents (emulate.py), so the kernels' addressing, splits and epilogues run in CPU tests.
+EMULATED = type(_probe).__name__ == "InterpretedFunction"
+_EMULATE = tl.constexpr(EMULATED)
 
 
 def _decode(word: str, out: str) -> str:
@@ -125,6 +140,8 @@ def _load_w_rows(w_row, s_row, k0, ok, stride_wn, stride_sn, GROUP: tl.constexpr
     kt = k0 + 32 * t
     wa = w_row + kt // 2
     sa = s_row + (kt // GROUP) * 2
+    if _EMULATE:
+        return emulate.load_w_rows(wa, wa + 8 * 4 * stride_wn, sa, sa + 8 * 2 * stride_sn, ok)
     return tl.inline_asm_elementwise(
         LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l,r",
         [wa, wa + 8 * 4 * stride_wn, sa, sa + 8 * 2 * stride_sn, ok],
@@ -136,6 +153,8 @@ def _load_x(x_row, k0, ok):
     """x[row, k0 + 32t .. k0 + 32t + 31] for lane t as 16 bf16x2 registers (zeros unless ok); x_row: byte address of
     the lane's activation row."""
     t = tl.arange(0, x_row.shape[0]) % 4
+    if _EMULATE:
+        return emulate.load_x(x_row + (k0 + 32 * t) * 2, ok)
     return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l,r", [x_row + (k0 + 32 * t) * 2, ok],
                                      dtype=(tl.int32,) * 16, is_pure=True, pack=1)  # fmt: skip
 
@@ -165,6 +184,8 @@ def _load_xs(x_rows, x_ok, k, ok, U: tl.constexpr, NT: tl.constexpr):
 def _tile(w, x, acc, NT: tl.constexpr):
     """acc (4 NT f32 registers) + one row tile x one K tile (see _tile_asm); w: _load_w_rows' 10 registers, x: NT
     of _load_x's 16."""
+    if _EMULATE:
+        return emulate.tile(w, x, acc, NT)
     if NT == 1:
         return tl.inline_asm_elementwise(
             _TILE1, "=f," * 4 + "r," * 8 + "h,h," + "r," * 16 + "f,f,f,f",

@@ -21,11 +21,22 @@ from torch import Tensor
 from .activation import silu_times
 from .configs import TILE_K, GemvConfig, max_row_tiles, sm_count
 from .formats import PackedWeight
-from .gemv_mma import _LOAD_W, _TILE_K, _gather, _load_weights, activation_rows, mma_mainloop, row_addresses, warps_for
+from .gemv_mma import (
+    _LOAD_W,
+    _TILE_K,
+    EMULATED,
+    _gather,
+    _load_weights,
+    activation_rows,
+    mma_mainloop,
+    row_addresses,
+    warps_for,
+)
 from .grouped import _find_tile
 from .pdl import launch_dependents, use_pdl, wait_for_producers
 
 ROW_TILE = 8  # activation rows per program: one n8 tile, the mma's columns
+_LIBDEVICE = tl.constexpr(not EMULATED)  # SiLU's exp (the interpreter has no libdevice: numpy's there)
 
 
 @triton.jit
@@ -63,7 +74,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         if SWIGLU:
             gate, up = acc[0], acc[1]
             y = silu_times(_gather(gate[0], gate[1], gate[2], gate[3], NW).to(dt),
-                           _gather(up[0], up[1], up[2], up[3], NW).to(dt), dt, True)  # fmt: skip
+                           _gather(up[0], up[1], up[2], up[3], NW).to(dt), dt, _LIBDEVICE)  # fmt: skip
             offs_n = pid_n * BN + tl.arange(0, 16)
             ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
             tl.store(ptrs, y, mask=offs_m[None, :] < end)

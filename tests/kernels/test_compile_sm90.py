@@ -4,7 +4,7 @@ and its bundled ptxas run without a GPU.
 The interpreter that runs the other kernel tests on the CPU accepts code the compiler rejects (plain globals in jit
 code, type errors in branches a constexpr never takes, a branch that retypes a variable), and each reached the GPU
 this way once (bench/RESULTS.md). This compiles `_gemv_kernel` (at M = 1 and M = 16 tiles), the descriptor (TMA)
-GEMV, gemv_mma.py's and grouped_mma.py's kernels (which the interpreter cannot run at all: inline PTX), RoPE, the
+GEMV, gemv_mma.py's and grouped_mma.py's kernels (whose inline PTX the interpreter only emulates), RoPE, the
 grouped MoE kernel and the combine's in a subprocess without TRITON_INTERPRET, the GEMVs with and without the fused
 LoRA, and checks ptxas' register report: no spills, and the M = 1 tile kernel within 168 registers per thread, which
 keeps the 12 one-warp programs per SM that configs._GEMV asks for resident (65,536 / (12 * 32) = 170).

@@ -1,7 +1,9 @@
 """The batch-1 mma GEMV (kernels/gemv_mma.py): its warp split on the CPU, and on the GPU bf16 results against the
 float64 oracle, with LoRA in the launch, determinism, graph replay and the dispatch.
 
-The kernel is inline PTX (no interpreter run); tests/kernels/test_compile_sm90.py compiles it on the CPU. GPU bound:
+The kernel is inline PTX: under the interpreter its loads and mma are emulated per lane (kernels/emulate.py), which
+runs the kernel's addressing, warp split and epilogue on the CPU (bound 2^-7: the interpreter's bf16 casts truncate,
+so the output may be one bf16 ulp off instead of half); tests/kernels/test_compile_sm90.py compiles the PTX. GPU bound:
 test_gemv.py's 2^-8 (sum |x||w| + |ref|): each weight rounds once to bf16 by the same decoder, products are exact
 in the mma, the fp32 sum adds K 2^-24 and the output rounds once. With adapters, test_gemv_lora.py's 2^-7.
 """
@@ -44,6 +46,28 @@ def test_the_mma_kernel_serves_only_what_it_reads():
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
     assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps"])
+def test_mma_gemv_under_the_interpreter(case):
+    """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
+    tile kernels too, an interpreter limit this emulation does not touch.)"""
+    n, k, cfg, fmt = {
+        "one-warp": (64, 256, GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_tiles=2), "int4"),
+        "two-rowtiles": (96, 512, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2), "int4"),
+        "g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g128"),
+        "one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1), "int4"),
+    }[case]
+    packed, w = random_weight(fmt, (n, k), seed=4)
+    wk = resolve(fmt, packed, stacked=False)
+    assert configs.mma_ok(wk, cfg)
+    for m in (1, 3, 8, 9, 16):  # one n8 tile of activation rows (a partial one), two (one partial)
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+        y = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16), cfg,
+                      lambda c: torch.zeros(max(c, 1024), dtype=torch.int32), True)  # fmt: skip
+        ref = x.double() @ w.T
+        assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-7))
 
 
 def _gpu(test):

@@ -1,7 +1,8 @@
-"""MoE decode on the mma kernel (kernels/grouped_mma.py): which weights and batches it takes, and on the GPU its
-results against the float64 oracle, bitwise determinism, graph replay and the dispatch.
+"""MoE decode on the mma kernel (kernels/grouped_mma.py): which weights and batches it takes, its results against the
+float64 oracle (on the CPU with its PTX emulated per lane, kernels/emulate.py; on the GPU), bitwise determinism, graph
+replay and the dispatch.
 
-Inline PTX (no interpreter run); tests/kernels/test_compile_sm90.py compiles it on the CPU. GPU bound: test_gemv.py's
+tests/kernels/test_compile_sm90.py compiles its PTX on the CPU. GPU bound: test_gemv.py's
 2^-8 (sum |x||w| + |ref|), as for gemv_mma.py, whose loop this is: each weight rounds once to bf16 by the same
 decoder, products are exact in the mma, the fp32 sum adds K 2^-24 and the output rounds once.
 """
@@ -35,13 +36,13 @@ def _gpu(test):
     return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
 
 
-def _routing(counts: list[int], dtype=torch.int32) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=dtype, device="cuda")
+def _routing(counts: list[int], dtype=torch.int32, device="cuda") -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=dtype, device=device)
 
 
-def _check(x, w, counts, y):
+def _check(x, w, counts, y, rel=2.0**-8):
     ref = torch.cat([c.double() @ w[e].T for e, c in enumerate(x.split(counts))])
-    bound = torch.cat([matmul_bound(c, w[e], r, 2.0**-8) for e, (c, r) in
+    bound = torch.cat([matmul_bound(c, w[e], r, rel) for e, (c, r) in
                        enumerate(zip(x.split(counts), ref.split(counts)))])  # fmt: skip
     assert_within(y, ref, bound)
 
@@ -60,22 +61,55 @@ CASES = {  # name: (format, E, N, K, config)
 }
 
 
+def _against_fp64(case, routing, device, rel):
+    fmt, e, n, k, cfg = {**CASES, **CPU_CASES}[case]
+    counts = (ROUTINGS[routing] + [0] * e)[:e]
+    counts[-1] += sum(ROUTINGS[routing][e:])  # (routings wider than E pile their rest on the last expert)
+    packed, w = random_weight(fmt, (e, n, k), seed=3, device=device)
+    wk = resolve(fmt, packed, stacked=True)
+    assert configs.mma_ok(wk, cfg, stacked=True)
+    x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(4)).to(device, torch.bfloat16)
+    for dtype in (torch.int32, torch.int64):
+        offsets = _routing(counts, dtype, device)
+        y = grouped_mma(x, offsets, wk, cfg)
+        _check(x, w, counts, y, rel)
+        assert torch.equal(y, grouped_mma(x, offsets, wk, cfg))
+
+
+CPU_CASES = {  # small shapes: the emulation multiplies every lane's tile out in numpy
+    "cpu-two-row-tiles": ("int4", 8, 32, 256, configs._GROUPED_MMA),
+    "cpu-one-k-tile-steps-g128": ("int4-g128", 8, 16, 384, configs._GROUPED_MMA_NARROW[1]),
+}
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+@pytest.mark.parametrize("routing", ["mixed", "one-expert"])
+@pytest.mark.parametrize("case", list(CPU_CASES))
+def test_grouped_mma_under_the_interpreter(case, routing):
+    """The kernel with its PTX emulated per lane (kernels/emulate.py): expert tiles, row masks, warp splits. Bound
+    2^-7: the interpreter's bf16 output cast truncates (one ulp, not half)."""
+    _against_fp64(case, routing, "cpu", 2.0**-7)
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+def test_swiglu_under_the_interpreter_is_the_projections_and_silu_mul():
+    e, n, k = 4, 32, 256
+    gate, _ = random_weight("int4", (e, n, k), seed=5)
+    up, _ = random_weight("int4", (e, n, k), seed=6)
+    wg, wu = resolve("int4", gate, stacked=True), resolve("int4", up, stacked=True)
+    cfg = configs._GROUPED_MMA_NARROW[0]
+    counts = [9, 0, 1, 3]
+    x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(7)).bfloat16()
+    offsets = _routing(counts, device="cpu")
+    h = grouped_mma(x, offsets, wg, cfg, up=wu)
+    assert torch.equal(h, kernels.silu_mul(grouped_mma(x, offsets, wg, cfg), grouped_mma(x, offsets, wu, cfg)))
+
+
 @_gpu
 @pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_gpu_grouped_mma_matches_fp64_deterministically(case, routing):
-    fmt, e, n, k, cfg = CASES[case]
-    counts = (ROUTINGS[routing] + [0] * e)[:e]
-    counts[-1] += sum(ROUTINGS[routing][e:])  # (routings wider than E pile their rest on the last expert)
-    packed, w = random_weight(fmt, (e, n, k), seed=3, device="cuda")
-    wk = resolve(fmt, packed, stacked=True)
-    assert configs.mma_ok(wk, cfg, stacked=True)
-    x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
-    for dtype in (torch.int32, torch.int64):
-        offsets = _routing(counts, dtype)
-        y = grouped_mma(x, offsets, wk, cfg)
-        _check(x, w, counts, y)
-        assert torch.equal(y, grouped_mma(x, offsets, wk, cfg))
+    _against_fp64(case, routing, "cuda", 2.0**-8)
 
 
 @_gpu
