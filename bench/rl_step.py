@@ -10,6 +10,7 @@ and peak memory; writes JSON under $OUT when set.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -17,6 +18,11 @@ import statistics
 import time
 
 import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("moe_switches", os.path.join(_HERE, "moe_switches.py"))
+switches = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(switches)
 
 
 def main() -> None:
@@ -34,19 +40,10 @@ def main() -> None:
                     help="routed experts per dequantized chunk (model.expert_chunk; default: what 1 GiB holds)")
     ap.add_argument("--deterministic", action="store_true",
                     help="batch-invariant mode in the engine and the trainer (rollout.deterministic)")
-    ap.add_argument("--torch-combine", action="store_true",
-                    help="MoE: combine (and the dispatch's backward) with torch's ops instead of kernels.moe_combine "
-                         "/ slot_sum (the A/B of those kernels)")
-    ap.add_argument("--torch-sort", action="store_true",
-                    help="MoE: route with torch's argsort instead of kernels.sort_by_expert (the A/B of that kernel)")
-    ap.add_argument("--torch-route", action="store_true",
-                    help="MoE: softmax top-k with torch's ops instead of kernels.softmax_topk (the A/B of that kernel)")
+    switches.add_switches(ap)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    from orbit_lightning.models import moe
-
-    moe.KERNEL_COMBINE, moe.KERNEL_SORT, moe.KERNEL_ROUTE = (not args.torch_combine, not args.torch_sort,
-                                                             not args.torch_route)
+    switches.apply_switches(args)
 
     import lightning as L
     import peft

@@ -19,6 +19,7 @@ import argparse
 import datetime
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -27,6 +28,10 @@ import time
 # The script's own directory holds bench/kernels.py, which transformers would mistake for the HF `kernels`
 # package (it probes that name on import): drop the directory from the import path.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("moe_switches", os.path.join(_HERE, "moe_switches.py"))
+switches = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(switches)
 
 import peft
 import torch
@@ -63,17 +68,7 @@ def parse_args() -> argparse.Namespace:
                     help="launch the decode kernels without programmatic dependent launch (kernels.pdl), to A/B it")
     ap.add_argument("--one-graph-per-step", action="store_true",
                     help="replay the one-step graph per step, not the all-steps graph (runner.MULTI_STEP_GRAPH)")
-    ap.add_argument("--torch-combine", action="store_true",
-                    help="MoE: combine (and the dispatch's backward) with torch's ops instead of kernels.moe_combine "
-                         "/ slot_sum (the A/B of those kernels)")
-    ap.add_argument("--torch-sort", action="store_true",
-                    help="MoE: route with torch's argsort instead of kernels.sort_by_expert (the A/B of that kernel)")
-    ap.add_argument("--torch-route", action="store_true",
-                    help="MoE: softmax top-k with torch's ops instead of kernels.softmax_topk (the A/B of that kernel)")
-    ap.add_argument("--no-grouped-mma", action="store_true",
-                    help="MoE decode through the grouped tile kernel instead of kernels/grouped_mma.py (its A/B)")
-    ap.add_argument("--unfused-swiglu", action="store_true",
-                    help="MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)")
+    switches.add_switches(ap)
     ap.add_argument("--attn-warps", type=int, default=None,
                     help="warps per attention program (kernels.attention.NUM_WARPS), to A/B it")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
@@ -97,16 +92,7 @@ def parse_args() -> argparse.Namespace:
         kv_cache.PAGED_KERNEL = False
     if a.no_pdl:
         kernels_pdl.ENABLED = False
-    if a.torch_combine:
-        importlib.import_module("orbit_lightning.models.moe").KERNEL_COMBINE = False
-    if a.torch_sort:
-        importlib.import_module("orbit_lightning.models.moe").KERNEL_SORT = False
-    if a.torch_route:
-        importlib.import_module("orbit_lightning.models.moe").KERNEL_ROUTE = False
-    if a.unfused_swiglu:
-        importlib.import_module("orbit_lightning.kernels.configs").GROUPED_MMA_SWIGLU = False
-    if a.no_grouped_mma:
-        importlib.import_module("orbit_lightning.kernels.configs").GROUPED_MMA_ROWS = 0
+    switches.apply_switches(a)
     if a.attn_warps:
         importlib.import_module("orbit_lightning.kernels.attention").NUM_WARPS = a.attn_warps
     if a.one_graph_per_step:

@@ -220,6 +220,7 @@ def max_row_tiles(rows: int, block_m: int, experts: int) -> int:
 # per step. Eight warps per program measured no better than four. programs_per_sm sizes the K split over the warps
 # (warps_for); at 96-136 registers only 12-20 of those warps are resident per SM at once.
 GROUPED_MMA_ROWS = 16
+MMA_ROW_TILE = 8  # activation rows per grouped_mma program: one n8 tile, the mma's columns
 GROUPED_MMA_SWIGLU = True  # gate, up and SiLU-mul in one launch there (kernels.grouped_dequant_swiglu); False: three
 _GROUPED_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=4, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GROUPED_MMA_NARROW = (replace(_GROUPED_MMA, block_n=16), replace(_GROUPED_MMA, block_n=16, mma_tiles=1))
@@ -230,11 +231,12 @@ def pick_grouped_mma(x: torch.Tensor, w: PackedWeight, swiglu: bool = False) -> 
     `w`, or None where grouped.py's tile kernel serves: batch-invariant mode (one fixed tile config for every
     batch), more than GROUPED_MMA_ROWS rows per expert, rows off 16-byte boundaries, weights it cannot read.
     `swiglu`: for gate and up in one launch, whose programs take 16 rows of each (block_n 16)."""
+    if is_batch_invariant() or x.device.type != "cuda" or x.dim() != 2 or w.experts is None:
+        return None  # (malformed arguments go on to the tile kernel's checks)
     t = x.shape[0]
-    if (is_batch_invariant() or x.device.type != "cuda" or t > GROUPED_MMA_ROWS * w.experts or x.stride(1) != 1
-            or x.stride(0) % 8 or x.data_ptr() % 16):  # fmt: skip
+    if t > GROUPED_MMA_ROWS * w.experts or x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         return None
-    wide = max_row_tiles(t, 8, w.experts) * (w.n // _GROUPED_MMA.block_n) >= 4 * sm_count(x.device)
+    wide = max_row_tiles(t, MMA_ROW_TILE, w.experts) * (w.n // _GROUPED_MMA.block_n) >= 4 * sm_count(x.device)
     for cfg in ((_GROUPED_MMA,) if wide and not swiglu else ()) + _GROUPED_MMA_NARROW:
         if mma_ok(w, cfg, stacked=True):
             return cfg

@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .activation import silu_times
-from .configs import TILE_K, GemvConfig, max_row_tiles, sm_count
+from .configs import MMA_ROW_TILE, TILE_K, GemvConfig, max_row_tiles, sm_count
 from .formats import PackedWeight
 from .gemv_mma import (
     _LOAD_W,
@@ -35,7 +35,7 @@ from .gemv_mma import (
 from .grouped import _find_tile
 from .pdl import launch_dependents, use_pdl, wait_for_producers
 
-ROW_TILE = 8  # activation rows per program: one n8 tile, the mma's columns
+_ROW_TILE = tl.constexpr(MMA_ROW_TILE)  # (the mma's n8 columns: activation_rows and _gather assume 8)
 _LIBDEVICE = tl.constexpr(not EMULATED)  # SiLU's exp (the interpreter has no libdevice: numpy's there)
 
 
@@ -51,7 +51,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
     t = tl.program_id(0) // num_n
     pid_n = tl.program_id(0) % num_n
     wait_for_producers(PDL, False)  # the offsets (and rows) come from the kernels just before
-    e, first, end = _find_tile(offsets_ptr, t, num_experts, 8, E_POW2)
+    e, first, end = _find_tile(offsets_ptr, t, num_experts, _ROW_TILE, E_POW2)
     if e < num_experts:  # the grid's spare tiles do nothing
         lane = tl.arange(0, 32 * NW)
         g = (lane % 32) // 4
@@ -69,7 +69,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
                            MT, 1, U, LOAD, NW)  # fmt: skip
         launch_dependents(PDL)
-        offs_m = first + tl.arange(0, 8)
+        offs_m = first + tl.arange(0, _ROW_TILE)
         dt: tl.constexpr = out_ptr.dtype.element_ty
         if SWIGLU:
             gate, up = acc[0], acc[1]
@@ -106,7 +106,7 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
     swiglu = up is not None
     if swiglu and (cfg.block_n != 16 or not same_layout(w, up)):
         raise ValueError("grouped_mma's SwiGLU takes block_n 16 and gate and up weights of one shape and layout")
-    programs = max_row_tiles(t, ROW_TILE, w.experts) * (w.n // cfg.block_n)
+    programs = max_row_tiles(t, MMA_ROW_TILE, w.experts) * (w.n // cfg.block_n)
     nw = warps_for(cfg, programs, k, sm_count(x.device))
     pdl = use_pdl(x.device)
     up = up or w

@@ -82,12 +82,11 @@ def grouped_dequant_linear(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
     mma kernel (grouped_mma.py) unless `config` asks for the tile kernel.
     """
     w = resolve(fmt, packed, stacked=True, **fmt_kw)
-    if config is None and fast_int4(w, x_sorted.dtype):
-        check_grouped(x_sorted, expert_offsets, w, dx=False)
-        mma = pick_grouped_mma(x_sorted, w)
-        if mma is not None:
-            return grouped_mma(x_sorted, expert_offsets, w, mma)
-    return grouped_gemm(x_sorted, expert_offsets, w, dx=False, config=config)
+    mma = pick_grouped_mma(x_sorted, w) if config is None and fast_int4(w, x_sorted.dtype) else None
+    if mma is None:
+        return grouped_gemm(x_sorted, expert_offsets, w, dx=False, config=config)  # (checks its arguments)
+    check_grouped(x_sorted, expert_offsets, w, dx=False)
+    return grouped_mma(x_sorted, expert_offsets, w, mma)
 
 
 def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,
@@ -100,10 +99,11 @@ def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
     w = resolve(fmt, gate, stacked=True, **fmt_kw)
     if not (configs.GROUPED_MMA_SWIGLU and fast_int4(w, x_sorted.dtype)):
         return None
+    mma = pick_grouped_mma(x_sorted, w, swiglu=True)
+    w_up = resolve(fmt, up, stacked=True, **fmt_kw) if mma is not None else None
+    if w_up is None or not same_layout(w, w_up):
+        return None  # (the caller's projections check the arguments)
     check_grouped(x_sorted, expert_offsets, w, dx=False)
-    mma, w_up = pick_grouped_mma(x_sorted, w, swiglu=True), resolve(fmt, up, stacked=True, **fmt_kw)
-    if mma is None or not same_layout(w, w_up):
-        return None
     return grouped_mma(x_sorted, expert_offsets, w, mma, up=w_up)
 
 

@@ -1,0 +1,33 @@
+"""The MoE kernels' A/B switches shared by bench/rollout.py and bench/rl_step.py: each flag puts one kernel back to
+what ran before it (torch's ops, or the kernel it replaced), for this process."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# flag -> (module, attribute, value the flag sets, help)
+SWITCHES = {
+    "--torch-combine": ("orbit_lightning.models.moe", "KERNEL_COMBINE", False,
+                        "MoE: combine (and the dispatch's backward) with torch's ops instead of kernels.moe_combine / "
+                        "slot_sum"),
+    "--torch-sort": ("orbit_lightning.models.moe", "KERNEL_SORT", False,
+                     "MoE: route with torch's argsort instead of kernels.sort_by_expert"),
+    "--torch-route": ("orbit_lightning.models.moe", "KERNEL_ROUTE", False,
+                      "MoE: softmax top-k with torch's ops instead of kernels.softmax_topk"),
+    "--no-grouped-mma": ("orbit_lightning.kernels.configs", "GROUPED_MMA_ROWS", 0,
+                         "MoE decode through the grouped tile kernel instead of kernels/grouped_mma.py"),
+    "--unfused-swiglu": ("orbit_lightning.kernels.configs", "GROUPED_MMA_SWIGLU", False,
+                         "MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)"),
+}  # fmt: skip
+
+
+def add_switches(ap: argparse.ArgumentParser) -> None:
+    for flag, (_, _, _, text) in SWITCHES.items():
+        ap.add_argument(flag, action="store_true", help=text + " (the A/B of that kernel)")
+
+
+def apply_switches(args: argparse.Namespace) -> None:
+    for flag, (module, attribute, value, _) in SWITCHES.items():
+        if getattr(args, flag[2:].replace("-", "_")):
+            setattr(importlib.import_module(module), attribute, value)
