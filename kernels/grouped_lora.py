@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .configs import max_row_tiles
-from .gemm import dot_precision
+from .gemm import INTERPRETED, dot_precision
 from .grouped import _find_tile
 from .pdl import use_pdl, wait_for_producers
 
@@ -28,7 +28,7 @@ _BK = 128
 @triton.jit
 def _lora_a_kernel(x_ptr, a0_ptr, a1_ptr, u_ptr, offsets_ptr, num_experts, K, stride_xm, stride_ae, stride_ar,
                    J: tl.constexpr, R: tl.constexpr, R_POW2: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                   E_POW2: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                   E_POW2: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     wait_for_producers(PDL)
     e, first, end = _find_tile(offsets_ptr, tl.program_id(0), num_experts, BM, E_POW2)
     j = tl.program_id(1)
@@ -46,7 +46,10 @@ def _lora_a_kernel(x_ptr, a0_ptr, a1_ptr, u_ptr, offsets_ptr, num_experts, K, st
             x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=(rows < end)[:, None] & (k < K)[None, :],
                         other=0.0)  # fmt: skip
             a = tl.load(a_rows + k[None, :], mask=(r < R)[:, None] & (k < K)[None, :], other=0.0)
-            acc = tl.dot(x, tl.trans(a), acc, input_precision=PREC)
+            if UPCAST:  # (the interpreter's tl.dot returns garbage for bf16; the values are exact in fp32)
+                acc = tl.dot(x.to(tl.float32), tl.trans(a.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(a), acc, input_precision=PREC)
         out = u_ptr + rows[:, None] * (J * R) + j * R + r[None, :]
         tl.store(out, acc.to(u_ptr.dtype.element_ty), mask=(rows < end)[:, None] & (r < R)[None, :])
 
@@ -77,7 +80,7 @@ def grouped_lora_a(x_sorted: Tensor, expert_offsets: Tensor, a: tuple[Tensor, ..
     _lora_a_kernel[(max_row_tiles(t, _BM, e), len(a))](
         x, a[0], a[-1], u, expert_offsets, e, k, x.stride(0), a[0].stride(0), a[0].stride(1), J=len(a), R=r,
         R_POW2=max(16, triton.next_power_of_2(r)), BM=_BM, BK=_BK, E_POW2=triton.next_power_of_2(e),
-        PREC=dot_precision(x.dtype), PDL=pdl,
+        PREC=dot_precision(x.dtype), UPCAST=INTERPRETED and x.dtype == torch.bfloat16, PDL=pdl,
         launch_pdl=pdl, num_warps=4,
     )  # fmt: skip
     return u

@@ -137,7 +137,7 @@ for mt, u, swiglu, lora in ((1, 2, False, False), (2, 2, False, False), (1, 1, F
     report[name] = ptxas_report(src, num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
 grouped_lora = importlib.import_module("orbit_lightning.kernels.grouped_lora")
 names = list(inspect.signature(grouped_lora._lora_a_kernel.fn).parameters)
-const = dict(J=2, R=16, R_POW2=16, BM=16, BK=128, E_POW2=128, PREC="tf32", PDL=True)
+const = dict(J=2, R=16, R_POW2=16, BM=16, BK=128, E_POW2=128, PREC="tf32", UPCAST=False, PDL=True)
 sig = {n: "constexpr" if n in const else {"offsets_ptr": "*i32"}.get(n, "*bf16" if n.endswith("_ptr") else "i32")
        for n in names}  # fmt: skip
 src = ASTSource(fn=grouped_lora._lora_a_kernel, signature=sig,
