@@ -111,8 +111,7 @@ def test_gpu_lora_epilogue_matches_torchs_steps(r):
     _epilogue_against_torch(r, "cuda", 2.0**-7)
 
 
-@_gpu
-def test_gpu_lora_experts_decode_through_the_kernel(monkeypatch):
+def _lora_experts_decode(device, monkeypatch, rel, experts=16, hidden=512, backward=True):
     """LoraExperts over packed experts, no autograd graph, a decode batch: SwiGLU and down with their LoRA take the
     decode kernel (spied), and agree with torch's grouped GEMMs (GROUPED_MMA_LORA off) within bf16 rounding; with
     adapters that need gradients the torch path runs."""
@@ -122,8 +121,8 @@ def test_gpu_lora_experts_decode_through_the_kernel(monkeypatch):
     from orbit_lightning.adapters.slots import AdapterState
     from orbit_lightning.quant.experts import QuantExperts
 
-    base = QuantExperts(16, 512, 128, "int4").cuda()
-    base.random_init(torch.Generator("cuda").manual_seed(0))
+    base = QuantExperts(experts, hidden, 128, "int4").to(device)
+    base.random_init(torch.Generator(device).manual_seed(0))
     layer = LoraExperts(base, AdapterState(), r=16, alpha=32, dtype=torch.bfloat16)
     for name, p in layer.named_parameters():
         if name.endswith("lora_B"):
@@ -132,17 +131,45 @@ def test_gpu_lora_experts_decode_through_the_kernel(monkeypatch):
     for name in ("grouped_dequant_swiglu", "grouped_dequant_lora"):
         fn = getattr(kernels, name)
         monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, _n=name, **kw: calls.append(_n) or _fn(*a, **kw))
-    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
-    gen = torch.Generator("cuda").manual_seed(1)
-    ids = torch.rand(4, 16, device="cuda", generator=gen).topk(2, dim=-1).indices
-    w = torch.rand(4, 2, device="cuda", generator=gen).bfloat16()
+    gen = torch.Generator(device).manual_seed(1)
+    x = torch.randn(4, hidden, device=device, generator=gen).bfloat16()
+    ids = torch.rand(4, experts, device=device, generator=gen).topk(2, dim=-1).indices
+    w = torch.rand(4, 2, device=device, generator=gen).bfloat16()
     with torch.no_grad():
         fused = layer(x, ids, w)
         assert calls == ["grouped_dequant_swiglu", "grouped_dequant_lora"]
         monkeypatch.setattr(configs, "GROUPED_MMA_LORA", False)
         reference = layer(x, ids, w)
-    torch.testing.assert_close(fused, reference, rtol=2**-5, atol=2**-5 * reference.abs().max().item())
+    torch.testing.assert_close(fused, reference, rtol=rel, atol=rel * reference.abs().max().item())
+    if not backward:
+        return
     calls.clear()
     monkeypatch.setattr(configs, "GROUPED_MMA_LORA", True)
     layer(x, ids, w).float().sum().backward()  # adapters need gradients: the torch path
     assert not calls and layer.gate_proj_lora_B.grad is not None
+
+
+@cpu
+def test_lora_experts_decode_plumbing_under_the_interpreter(monkeypatch):
+    """The model's route to the decode kernel (LoraExperts -> QuantExperts.decode_kernel -> quant.dispatch ->
+    kernels), forced onto the CPU: device groups and the mma kernel are CUDA-only choices, so the test takes them
+    (dispatch.fused_grouped, linear.fast_int4 and linear.pick_grouped_mma answer as on a GPU); the kernels then run
+    with their PTX emulated. Bound 2^-4: the interpreter truncates each of the ~6 bf16 roundings on either path."""
+    import importlib
+
+    from orbit_lightning.kernels import configs
+
+    linear = importlib.import_module("orbit_lightning.kernels.linear")  # (the package's `linear` is the function)
+
+    from orbit_lightning.quant import dispatch
+
+    monkeypatch.setattr(dispatch, "fused_grouped", lambda *a: True)
+    monkeypatch.setattr(linear, "fast_int4", lambda w, dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(linear, "pick_grouped_mma", lambda x, w, swiglu=False: next(
+        c for c in configs._GROUPED_MMA_NARROW if configs.mma_ok(w, c, stacked=True)))
+    _lora_experts_decode("cpu", monkeypatch, 2.0**-4, experts=4, hidden=256, backward=False)  # (GPU test: backward)
+
+
+@_gpu
+def test_gpu_lora_experts_decode_through_the_kernel(monkeypatch):
+    _lora_experts_decode("cuda", monkeypatch, 2.0**-5)
