@@ -167,7 +167,7 @@ def test_lora_experts_decode_plumbing_under_the_interpreter(monkeypatch):
     monkeypatch.setattr(linear, "fast_int4", lambda w, dtype: dtype == torch.bfloat16)
     monkeypatch.setattr(linear, "pick_grouped_mma", lambda x, w, swiglu=False: next(
         c for c in configs._GROUPED_MMA_NARROW if configs.mma_ok(w, c, stacked=True)))
-    _lora_experts_decode("cpu", monkeypatch, 2.0**-4, experts=4, hidden=256, backward=False)  # (GPU test: backward)
+    _lora_experts_decode("cpu", monkeypatch, 2.0**-4, experts=4, hidden=128, backward=False)  # (GPU test: backward)
 
 
 @_gpu
