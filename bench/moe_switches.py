@@ -17,6 +17,8 @@ SWITCHES = {
                       "MoE: softmax top-k with torch's ops instead of kernels.softmax_topk"),
     "--no-grouped-mma": ("orbit_lightning.kernels.configs", "GROUPED_MMA_ROWS", 0,
                          "MoE decode through the grouped tile kernel instead of kernels/grouped_mma.py"),
+    "--torch-expert-lora": ("orbit_lightning.kernels.configs", "GROUPED_MMA_LORA", False,
+                            "MoE decode: expert LoRA by torch's grouped GEMMs, not the decode kernel's epilogue"),
     "--unfused-swiglu": ("orbit_lightning.kernels.configs", "GROUPED_MMA_SWIGLU", False,
                          "MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)"),
 }  # fmt: skip

@@ -20,12 +20,14 @@ from .decode_advance import advance_decode
 from .dequant_weight import dequantize
 from .formats import FORMATS, supports
 from .gemv_lora import LoraDelta
+from .grouped_lora import ExpertLora, grouped_lora_a
 from .kv_write import kv_write
 from .linear import (
     dequant_linear,
     dequant_linear_dx,
     grouped_dequant_linear,
     grouped_dequant_linear_dx,
+    grouped_dequant_lora,
     grouped_dequant_swiglu,
     grouped_linear,
     int4_linear,
@@ -45,6 +47,7 @@ from .sampling import sample
 
 __all__ = [
     "FORMATS",
+    "ExpertLora",
     "LoraDelta",
     "TileConfig",
     "add_rms_norm",
@@ -56,8 +59,10 @@ __all__ = [
     "dequantize",
     "grouped_dequant_linear",
     "grouped_dequant_linear_dx",
+    "grouped_dequant_lora",
     "grouped_dequant_swiglu",
     "grouped_linear",
+    "grouped_lora_a",
     "int4_linear",
     "int4_linear_dx",
     "is_batch_invariant",

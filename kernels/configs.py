@@ -222,6 +222,7 @@ def max_row_tiles(rows: int, block_m: int, experts: int) -> int:
 GROUPED_MMA_ROWS = 16
 MMA_ROW_TILE = 8  # activation rows per grouped_mma program: one n8 tile, the mma's columns
 GROUPED_MMA_SWIGLU = True  # gate, up and SiLU-mul in one launch there (kernels.grouped_dequant_swiglu); False: three
+GROUPED_MMA_LORA = True  # expert LoRA in its epilogue (grouped_dequant_swiglu / _lora); False: torch's grouped GEMMs
 _GROUPED_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=4, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GROUPED_MMA_NARROW = (replace(_GROUPED_MMA, block_n=16), replace(_GROUPED_MMA, block_n=16, mma_tiles=1))
 

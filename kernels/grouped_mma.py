@@ -33,6 +33,7 @@ from .gemv_mma import (
     warps_for,
 )
 from .grouped import _find_tile
+from .grouped_lora import ExpertLora, grouped_lora_a
 from .pdl import launch_dependents, use_pdl, wait_for_producers
 
 _ROW_TILE = tl.constexpr(MMA_ROW_TILE)  # (the mma's n8 columns: activation_rows and _gather assume 8)
@@ -42,10 +43,13 @@ _LIBDEVICE = tl.constexpr(not EMULATED)  # SiLU's exp (the interpreter has no li
 @triton.jit
 def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_ptr, N, num_experts, stride_xm,
                         stride_om, stride_we, stride_wn, stride_se, stride_sn, tiles_per_warp,
+                        u_ptr, b_ptr, b2_ptr, stride_ut, stride_be, stride_bn, scale,
                         GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr):  # fmt: skip
+                        NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr,
+                        LORA: tl.constexpr, R: tl.constexpr, R_POW2: tl.constexpr):  # fmt: skip
     """out = x W^T per expert; SWIGLU: out = silu(x W^T) * (x W2^T) (W2 laid out as W: the up projection), each
-    program then taking 16 rows of both."""
+    program then taking 16 rows of both. LORA: plus scale B_e (A_e x) per projection, from u = A_e x (grouped_lora.py:
+    [T, projections, R]) and B [E, N, R] (b2_ptr: up's)."""
     BN: tl.constexpr = 16 if SWIGLU else 16 * MT
     num_n = N // BN
     t = tl.program_id(0) // num_n
@@ -71,20 +75,43 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         launch_dependents(PDL)
         offs_m = first + tl.arange(0, _ROW_TILE)
         dt: tl.constexpr = out_ptr.dtype.element_ty
+        lora = (u_ptr, stride_ut, stride_be, stride_bn, scale, e64, offs_m, end)
         if SWIGLU:
             gate, up = acc[0], acc[1]
-            y = silu_times(_gather(gate[0], gate[1], gate[2], gate[3], NW).to(dt),
-                           _gather(up[0], up[1], up[2], up[3], NW).to(dt), dt, _LIBDEVICE)  # fmt: skip
             offs_n = pid_n * BN + tl.arange(0, 16)
+            g_y = _projection_out(_gather(gate[0], gate[1], gate[2], gate[3], NW), b_ptr, 0, offs_n, lora, dt, LORA, R,
+                                  R_POW2)  # fmt: skip
+            u_y = _projection_out(_gather(up[0], up[1], up[2], up[3], NW), b2_ptr, 1, offs_n, lora, dt, LORA, R,
+                                  R_POW2)  # fmt: skip
             ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
-            tl.store(ptrs, y, mask=offs_m[None, :] < end)
+            tl.store(ptrs, silu_times(g_y, u_y, dt, _LIBDEVICE), mask=offs_m[None, :] < end)
         else:
             for m in tl.static_range(MT):
                 c = acc[m]
-                y = _gather(c[0], c[1], c[2], c[3], NW)  # [16 weight rows, 8 activation rows]
                 offs_n = pid_n * BN + 16 * m + tl.arange(0, 16)
+                y = _projection_out(_gather(c[0], c[1], c[2], c[3], NW), b_ptr, 0, offs_n, lora, dt, LORA, R, R_POW2)
                 ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
-                tl.store(ptrs, y.to(dt), mask=offs_m[None, :] < end)
+                tl.store(ptrs, y, mask=offs_m[None, :] < end)
+
+
+@triton.jit
+def _projection_out(y, b_ptr, j, offs_n, lora, dt: tl.constexpr, LORA: tl.constexpr, R: tl.constexpr,
+                    R_POW2: tl.constexpr):  # fmt: skip
+    """One [16 weight rows, 8 activation rows] tile of a projection in dt: y (fp32 sums) rounded, or with LORA
+    LoraExperts.linear's steps: y + (scale * B_e[rows] . u[activation rows, j]), each product and sum rounded to dt
+    as torch rounds them (the delta's own fp32 sum runs in another order than torch's grouped GEMM)."""
+    if LORA:
+        u_ptr, stride_ut, stride_be, stride_bn, scale, e64, offs_m, end = lora
+        r = tl.arange(0, R_POW2)
+        b = tl.load(b_ptr + e64 * stride_be + offs_n[:, None].to(tl.int64) * stride_bn + r[None, :],
+                    mask=r[None, :] < R, other=0.0).to(tl.float32)  # fmt: skip
+        u = tl.load(u_ptr + offs_m[:, None].to(tl.int64) * stride_ut + j * R + r[None, :],
+                    mask=(offs_m[:, None] < end) & (r[None, :] < R), other=0.0).to(tl.float32)  # fmt: skip
+        delta = tl.sum(b[:, None, :] * u[None, :, :], axis=2).to(dt).to(tl.float32)  # [16, 8]: B u, rounded
+        delta = (delta * scale).to(dt).to(tl.float32)
+        return (y.to(dt).to(tl.float32) + delta).to(dt)
+    else:
+        return y.to(dt)
 
 
 def same_layout(w: PackedWeight, up: PackedWeight) -> bool:
@@ -94,11 +121,13 @@ def same_layout(w: PackedWeight, up: PackedWeight) -> bool:
 
 
 def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvConfig,
-                up: PackedWeight | None = None) -> Tensor:
+                up: PackedWeight | None = None, lora: ExpertLora | None = None) -> Tensor:
     """out[rows_e] = x[rows_e] @ W_e^T for the stacked int4 experts `w` (configs.mma_ok), x bf16 [T, K] sorted by
     expert with rows on 16-byte boundaries, expert_offsets int [E + 1] on x's device (grouped_gemm's contract).
     With `up` (the up projection, laid out as `w`): silu(x W_e^T) * (x Up_e^T), bitwise what the two projections
-    at `cfg` and kernels.silu_mul give (SwiGLU in one launch; cfg.block_n must be 16). Returns [T, N] bf16."""
+    at `cfg` and kernels.silu_mul give (SwiGLU in one launch; cfg.block_n must be 16). With `lora` (its A and B per
+    projection, gate then up): each projection plus lora.scale * B_e (A_e x), in a second launch before (u = A_e x,
+    grouped_lora.py). Returns [T, N] bf16."""
     t, k = x.shape
     out = torch.empty((t, w.n), dtype=x.dtype, device=x.device)
     if t == 0:
@@ -106,15 +135,27 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
     swiglu = up is not None
     if swiglu and (cfg.block_n != 16 or not same_layout(w, up)):
         raise ValueError("grouped_mma's SwiGLU takes block_n 16 and gate and up weights of one shape and layout")
+    r, u = 1, out
+    if lora is not None:
+        r, b0 = lora.a[0].shape[1], lora.b[0]
+        if len(lora.a) != len(lora.b) or len(lora.b) != (2 if swiglu else 1) or any(
+                b.shape != (w.experts, w.n, r) or b.stride() != b0.stride() or b.stride(2) != 1 or b.dtype != x.dtype
+                for b in lora.b):  # fmt: skip
+            raise ValueError(f"grouped_mma's LoRA takes an A [E, r, K] and a B [E, N={w.n}, r] per projection in "
+                             f"{x.dtype}, got B {[tuple(b.shape) for b in lora.b]}")
+        u = grouped_lora_a(x, expert_offsets, lora.a)  # (checks the A's)
     programs = max_row_tiles(t, MMA_ROW_TILE, w.experts) * (w.n // cfg.block_n)
     nw = warps_for(cfg, programs, k, sm_count(x.device))
     pdl = use_pdl(x.device)
     up = up or w
+    bs, scale = (lora.b, lora.scale) if lora is not None else ((out,), 0.0)
     _grouped_mma_kernel[(programs,)](
         x, w.values, w.scale, up.values, up.scale, out, expert_offsets, w.n, w.experts, x.stride(0), out.stride(0),
         w.values.stride(0), w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw,
+        u, bs[0], bs[-1], u.stride(0), bs[0].stride(0), bs[0].stride(-2), scale,
         GROUP=w.group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw,
-        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, SWIGLU=swiglu, launch_pdl=pdl,
-        num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
+        E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, SWIGLU=swiglu, LORA=lora is not None, R=r,
+        R_POW2=triton.next_power_of_2(r), launch_pdl=pdl, num_warps=nw, enable_fp_fusion=False,
+        enable_reflect_ftz=False,
     )  # fmt: skip
     return out

@@ -19,6 +19,7 @@ from .formats import plain, resolve
 from .gemm import INTERPRETED, dense_gemm, fast_int4
 from .gemv_lora import LoraDelta
 from .grouped import check_grouped, grouped_gemm
+from .grouped_lora import ExpertLora
 from .grouped_mma import grouped_mma, same_layout
 
 if TYPE_CHECKING:  # the quant package imports these kernels, not the other way round
@@ -90,21 +91,37 @@ def grouped_dequant_linear(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
 
 
 def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,
-                           gate: Mapping[str, Tensor], up: Mapping[str, Tensor], **fmt_kw) -> Tensor | None:
+                           gate: Mapping[str, Tensor], up: Mapping[str, Tensor], lora: ExpertLora | None = None,
+                           **fmt_kw) -> Tensor | None:
     """An expert MLP's first half, silu(x_sorted[rows_e] @ Gate_e^T) * (x_sorted[rows_e] @ Up_e^T), in one launch
     where the decode kernel serves (grouped_mma.py: int4 on bf16, a few rows per expert, outside batch-invariant
     mode), None elsewhere, for the caller to run the two projections and silu_mul. Its result is bitwise theirs
     through grouped_mma at its config (the projections' own config may split K over other warps: fp32 rounding).
+    lora: gate's and up's expert LoRA, added to each before the SiLU (one more launch, for A x).
     Returns [T, I] in x_sorted.dtype."""
     w = resolve(fmt, gate, stacked=True, **fmt_kw)
-    if not (configs.GROUPED_MMA_SWIGLU and fast_int4(w, x_sorted.dtype)):
+    if not configs.GROUPED_MMA_SWIGLU or lora is not None and not configs.GROUPED_MMA_LORA:
+        return None
+    if not fast_int4(w, x_sorted.dtype):
         return None
     mma = pick_grouped_mma(x_sorted, w, swiglu=True)
     w_up = resolve(fmt, up, stacked=True, **fmt_kw) if mma is not None else None
     if w_up is None or not same_layout(w, w_up):
         return None  # (the caller's projections check the arguments)
     check_grouped(x_sorted, expert_offsets, w, dx=False)
-    return grouped_mma(x_sorted, expert_offsets, w, mma, up=w_up)
+    return grouped_mma(x_sorted, expert_offsets, w, mma, up=w_up, lora=lora)
+
+
+def grouped_dequant_lora(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,
+                         packed: Mapping[str, Tensor], lora: ExpertLora, **fmt_kw) -> Tensor | None:
+    """grouped_dequant_linear plus one projection's expert LoRA, lora.scale * B_e (A_e x), in two launches where the
+    decode kernel serves (as grouped_dequant_swiglu); None elsewhere. Returns [T, N] in x_sorted.dtype."""
+    w = resolve(fmt, packed, stacked=True, **fmt_kw)
+    mma = pick_grouped_mma(x_sorted, w) if configs.GROUPED_MMA_LORA and fast_int4(w, x_sorted.dtype) else None
+    if mma is None:
+        return None  # (the caller's path checks the arguments)
+    check_grouped(x_sorted, expert_offsets, w, dx=False)
+    return grouped_mma(x_sorted, expert_offsets, w, mma, lora=lora)
 
 
 def grouped_dequant_linear_dx(dy_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,

@@ -124,14 +124,25 @@ for kernel, const in ((moe_combine._slot_sum_kernel, dict(WEIGHTED=True, BLOCK=1
 grouped_mma = importlib.import_module("orbit_lightning.kernels.grouped_mma")
 names = list(inspect.signature(grouped_mma._grouped_mma_kernel.fn).parameters)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "w2_ptr": "*i32", "s2_ptr": "*bf16",
-            "out_ptr": "*bf16", "offsets_ptr": "*i32"}
-for mt, u, swiglu in ((1, 2, False), (2, 2, False), (1, 1, False), (2, 2, True)):  # _GROUPED_MMA and its variants
-    const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True, SWIGLU=swiglu)
+            "out_ptr": "*bf16", "offsets_ptr": "*i32", "u_ptr": "*bf16", "b_ptr": "*bf16", "b2_ptr": "*bf16",
+            "scale": "fp32"}
+for mt, u, swiglu, lora in ((1, 2, False, 0), (2, 2, False, 0), (1, 1, False, 0), (2, 2, True, 0), (2, 2, True, 16),
+                            (2, 2, False, 16), (2, 2, True, 8), (2, 2, True, 64)):  # _GROUPED_MMA's, with LoRA rank
+    const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True, SWIGLU=swiglu,
+                 LORA=lora > 0, R=max(lora, 1), R_POW2=max(lora, 1))
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    name = "mma-grouped-swiglu" if swiglu else f"mma-grouped-mt{mt}-u{u}"
+    name = ("mma-grouped-swiglu" if swiglu else f"mma-grouped-mt{mt}-u{u}") + (f"-lora{lora}" if lora else "")
     report[name] = ptxas_report(src, num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
+grouped_lora = importlib.import_module("orbit_lightning.kernels.grouped_lora")
+names = list(inspect.signature(grouped_lora._lora_a_kernel.fn).parameters)
+const = dict(J=2, R=16, R_POW2=16, BM=16, BK=128, E_POW2=128, PREC="tf32", UPCAST=False, PDL=True)
+sig = {n: "constexpr" if n in const else {"offsets_ptr": "*i32"}.get(n, "*bf16" if n.endswith("_ptr") else "i32")
+       for n in names}  # fmt: skip
+src = ASTSource(fn=grouped_lora._lora_a_kernel, signature=sig,
+                constexprs={(names.index(k),): v for k, v in const.items()})
+report["_lora_a_kernel"] = ptxas_report(src, num_warps=4)
 moe_route = importlib.import_module("orbit_lightning.kernels.moe_route")
 names = list(inspect.signature(moe_route._softmax_topk_kernel.fn).parameters)
 const = dict(K=8, RENORM=True, BT=16, E_POW2=128, PDL=True)  # as softmax_topk launches E = 128
@@ -179,7 +190,9 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
                            "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
                            "_combine_backward_kernel", "_sort_kernel", "_softmax_topk_kernel",
                            "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",
-                           "mma-grouped-mt1-u1", "mma-grouped-swiglu"}
+                           "mma-grouped-mt1-u1", "mma-grouped-swiglu", "mma-grouped-swiglu-lora16",
+                           "mma-grouped-mt2-u2-lora16", "mma-grouped-swiglu-lora8", "mma-grouped-swiglu-lora64",
+                           "_lora_a_kernel"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
     # 16 rows x 128 experts per 4-warp program hold ~16 probabilities and ranks per thread: room for 2+ programs

@@ -128,18 +128,37 @@ class LoraExperts(AdapterLayer):
         return self.base_layer.device_groups_blocker(device, invariant)  # A/B: the plain grouped kernel
 
     def linear(self, proj: str, x: Tensor, groups: ExpertGroups) -> Tensor:
-        y = self.base_layer.linear(proj, x, groups)
         t = self.active_tensors()
         if t is None or proj not in self.projections:
-            return y
+            return self.base_layer.linear(proj, x, groups)
+        fused = self._decode_kernel(x, groups, (proj,), t)
+        if fused is not None:
+            return fused
+        y = self.base_layer.linear(proj, x, groups)
         a, b = groups.select(t[f"{proj}_lora_A"]), groups.select(t[f"{proj}_lora_B"])
         delta = grouped_mm(grouped_mm(x.to(a.dtype), a, groups), b, groups)  # never syncs on device groups
         return y + (delta * self.scaling).to(y.dtype)
 
     def swiglu(self, x: Tensor, groups: ExpertGroups) -> Tensor:
-        if self.active_tensors() is None or not {"gate_proj", "up_proj"} & set(self.projections):
+        t = self.active_tensors()
+        if t is None or not {"gate_proj", "up_proj"} & set(self.projections):
             return self.base_layer.swiglu(x, groups)  # (the base's fused decode kernel, where it has one)
+        if {"gate_proj", "up_proj"} <= set(self.projections):
+            fused = self._decode_kernel(x, groups, ("gate_proj", "up_proj"), t)
+            if fused is not None:
+                return fused
         return Experts.swiglu(self, x, groups)  # the two projections through this layer's `linear`
+
+    def _decode_kernel(self, x: Tensor, groups: ExpertGroups, projs: tuple[str, ...], t: dict[str, Tensor]
+                       ) -> Tensor | None:  # fmt: skip
+        """The base's decode kernel (packed experts: one launch for A x, one for the projections with s B (A x) in
+        their epilogue; SwiGLU's first half for gate and up) where it serves, else None."""
+        fused, k = getattr(self.base_layer, "decode_kernel", None), kernels_module()
+        a, b = tuple(t[f"{p}_lora_A"] for p in projs), tuple(t[f"{p}_lora_B"] for p in projs)
+        if (fused is None or k is None or any(m.dtype != x.dtype for m in a + b)
+                or torch.is_grad_enabled() and any(m.requires_grad for m in a + b)):  # (no backward for A, B)
+            return None
+        return fused(x, groups, None if len(projs) == 2 else projs[0], k.ExpertLora(a, b, self.scaling))
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_w: Tensor) -> Tensor:
         return dispatch_experts(x, topk_ids, topk_w, self)

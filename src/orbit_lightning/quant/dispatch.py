@@ -114,14 +114,20 @@ def dequant_grouped(x: Tensor, experts, proj: str, groups: ExpertGroups) -> Tens
     return grouped_mm(x, w, groups)
 
 
-def dequant_swiglu(x: Tensor, experts, groups: ExpertGroups) -> Tensor | None:
-    """silu(x_g @ Gate[e_g]^T) * (x_g @ Up[e_g]^T) in one launch where the decode kernel serves it (device groups
-    of a few rows per expert: kernels.grouped_dequant_swiglu), else None. No autograd."""
+def decode_kernel(x: Tensor, experts, groups: ExpertGroups, proj: str | None = None, lora=None) -> Tensor | None:
+    """Rows of x grouped by expert through the decode kernel where it serves (device groups of a few rows per expert),
+    else None: proj None: SwiGLU's first half, silu(x_g @ Gate[e_g]^T) * (x_g @ Up[e_g]^T), in one launch; else that
+    projection. lora (kernels.ExpertLora, gate then up for SwiGLU): the projections' expert LoRA, added in the
+    kernel's epilogue after one more launch for A x. No autograd."""
     k = _grouped_kernels(x, groups, experts.fmt)
     if k is None:
         return None
-    return k.grouped_dequant_swiglu(x, groups.offsets, experts.fmt, experts.packed("gate_proj"),
-                                    experts.packed("up_proj"))
+    if proj is None:
+        return k.grouped_dequant_swiglu(x, groups.offsets, experts.fmt, experts.packed("gate_proj"),
+                                        experts.packed("up_proj"), lora=lora)  # fmt: skip
+    if lora is None:
+        return None  # (one projection alone: dequant_grouped takes the same kernel)
+    return k.grouped_dequant_lora(x, groups.offsets, experts.fmt, experts.packed(proj), lora)
 
 
 def dequant_grouped_dx(dy: Tensor, experts, proj: str, groups: ExpertGroups) -> Tensor:
