@@ -1,6 +1,6 @@
 """Sweep of the small-M (decode) kernel and of the one-pass int4 dequantize, on the GPU machine.
 
-    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma,m16x,rowwarps]
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma,m16x]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph
 cold-L2 times (graph_us), each output checked against an fp32 reference; per-variant geomean speedups
@@ -153,25 +153,6 @@ def section_mma(deadline: float) -> None:
     split = {m: {"split/shipped": next(c for b, c in configs.GEMV_TILES if m <= b)} for m in (4, 8, 16)}
     variants = {1: {**mma_variants(), **shipped}, **{m: {**rows, **split[m]} for m in (4, 8, 16)}}
     section_gemv(deadline, variants, models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
-
-
-def section_rowwarps(deadline: float) -> None:
-    """The mma kernel with row warps (GemvConfig.row_warps: a program's warps split rows as well as K, so the warps
-    of one K split read the same activations, all but the first from L1) at M = 16, 8 and 4, against the shipped
-    configs: the tile kernel at M = 16, the mma kernel at M <= 8."""
-    def mma(bn, rw, nw, pps, u):
-        return GemvConfig(16, bn, 128, mma=True, num_warps=nw, programs_per_sm=pps, mma_tiles=u, l2_prefetch=128,
-                          row_warps=rw)  # fmt: skip
-
-    grid = {f"rw{rw}/bn{bn}/w{nw}/p{pps}/u{u}": mma(bn, rw, nw, pps, u)
-            for rw, bn, nw, pps, u in ((1, 16, 8, 24, 1), (1, 16, 8, 24, 2), (2, 32, 8, 24, 1), (2, 32, 8, 24, 2),
-                                       (2, 32, 8, 16, 1), (4, 64, 8, 24, 1), (4, 64, 8, 24, 2), (4, 64, 16, 32, 1),
-                                       (2, 64, 8, 16, 1), (4, 64, 4, 16, 1))}  # fmt: skip
-    shipped16 = {"tile/shipped": next(c for b, c in configs.GEMV_TILES if b == 16)}
-    small = {k: v for k, v in grid.items() if k.startswith(("rw2/bn32/w8/p24/u2", "rw4/bn64/w8/p24/u2",
-                                                               "rw2/bn32/w8/p24/u1"))}  # fmt: skip
-    variants = {16: {**grid, **shipped16}, **{m: {**small, "mma/shipped": configs._GEMV_MMA} for m in (4, 8)}}
-    section_gemv(deadline, variants)
 
 
 def section_m16x(deadline: float) -> None:
@@ -499,7 +480,6 @@ def main() -> None:
     deadline = time.time() + args.budget
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
-                "rowwarps": section_rowwarps,
                 "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x}
     start = time.time()
     for name in args.sections.split(","):

@@ -110,9 +110,6 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
-    # the program's warps as row_warps groups of rows (block_n / row_warps rows each) times K splits: warps of one K
-    # split read the same activations at about the same time, so all but the first find them in L1
-    row_warps: int = 1
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -123,12 +120,8 @@ class GemvConfig:
             raise ValueError("GemvConfig with dot=True needs block_m and block_n >= 16 (tl.dot minimum)")
         if self.block_k < 32:
             raise ValueError(f"GemvConfig.block_k must be >= 32, got {self.block_k}")
-        if self.row_warps not in (1, 2, 4) or (self.row_warps > 1 and not self.mma):
-            raise ValueError(f"GemvConfig.row_warps must be 1, 2 or 4, and above 1 only with mma=True, got "
-                             f"{self.row_warps}")
-        if self.mma and self.block_n not in (16 * self.row_warps, 32 * self.row_warps):
-            raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32 per row warp ({self.row_warps}), got "
-                             f"{self.block_n}")
+        if self.mma and self.block_n not in (16, 32):
+            raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
         if self.mma_tiles not in (1, 2, 4) or self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
         if self.k_iters < 0 or self.programs_per_sm < 1:
@@ -207,7 +200,6 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
     caller's to check)."""
     step = TILE_K * cfg.mma_tiles
     return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
-            and (cfg.row_warps == 1 or not stacked)
             and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
             and w.values.data_ptr() % 16 == 0)  # fmt: skip
 

@@ -205,13 +205,13 @@ def _tile(w, x, acc, NT: tl.constexpr):
 
 
 @triton.jit
-def row_addresses(w_ptr, s_ptr, rows, stride_wn, stride_sn, MT: tl.constexpr, RW: tl.constexpr):
+def row_addresses(w_ptr, s_ptr, rows, stride_wn, stride_sn, MT: tl.constexpr):
     """Byte addresses of row `rows` (a lane's g) of each of the MT row tiles, in the words and in the scales (rows g
-    + 8 are 8 rows on). A program's RW row warps interleave their row tiles: tile m starts 16 RW m rows on."""
+    + 8 are 8 rows on)."""
     w_rows = ()
     s_rows = ()
     for m in tl.static_range(MT):
-        r = (rows + 16 * RW * m).to(tl.int64)
+        r = (rows + 16 * m).to(tl.int64)
         w_rows = w_rows + (w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4,)
         s_rows = s_rows + (s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2,)
     return w_rows, s_rows
@@ -269,21 +269,20 @@ def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride
 
 
 @triton.jit
-def _gather(c0, c1, c2, c3, NW: tl.constexpr, RW: tl.constexpr):
-    """One row tile of each of the RW row warps x one n8 tile of the result, [16 RW rows, 8 activation rows], from
-    each warp's accumulators: lane (g, t) holds rows g (c0, c1) and g + 8 (c2, c3) at activation rows 2t (c0, c2) and
-    2t + 1 (c1, c3). Warp w is row warp w % RW; the K ranges of a row warp's NW / RW warps are summed in a fixed
-    order."""
-    lo = tl.join(_warp_sum(c0, NW, RW), _warp_sum(c1, NW, RW))  # [RW, 8 g, 4 t, 2]
-    hi = tl.join(_warp_sum(c2, NW, RW), _warp_sum(c3, NW, RW))
-    y = tl.join(tl.reshape(lo, (RW, 8, 8)), tl.reshape(hi, (RW, 8, 8)))  # [RW, 8 g, 8 m, 2 half]
-    return tl.reshape(tl.permute(y, (0, 3, 1, 2)), (16 * RW, 8))
+def _gather(c0, c1, c2, c3, NW: tl.constexpr):
+    """One row tile x one n8 tile of the result, [16 rows, 8 activation rows], from each warp's accumulators: lane
+    (g, t) holds rows g (c0, c1) and g + 8 (c2, c3) at activation rows 2t (c0, c2) and 2t + 1 (c1, c3). The warps'
+    K ranges are summed in a fixed order."""
+    lo = tl.join(_warp_sum(c0, NW), _warp_sum(c1, NW))  # [8 g, 4 t, 2]
+    hi = tl.join(_warp_sum(c2, NW), _warp_sum(c3, NW))
+    y = tl.join(tl.reshape(lo, (8, 8)), tl.reshape(hi, (8, 8)))  # [8 g, 8 m, 2 half]
+    return tl.reshape(tl.permute(y, (2, 0, 1)), (16, 8))
 
 
 @triton.jit
-def _warp_sum(c, NW: tl.constexpr, RW: tl.constexpr):
-    """[NW * 32] per-lane values -> their sum over each row warp's NW / RW warps as [RW, 8 g, 4 t]."""
-    return tl.reshape(tl.sum(tl.reshape(c, (NW // RW, RW, 32)), axis=0), (RW, 8, 4))
+def _warp_sum(c, NW: tl.constexpr):
+    """[NW * 32] per-lane values -> their sum over the NW warps as [8 g, 4 t]."""
+    return tl.reshape(tl.sum(tl.reshape(c, (NW, 32)), axis=0), (8, 4))
 
 
 @triton.jit
@@ -301,8 +300,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      stride_sn, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt,
                      lcnt, stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr,
                      LOAD: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
-                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr, RW: tl.constexpr):  # fmt: skip
-    BN: tl.constexpr = 16 * MT * RW
+                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr):  # fmt: skip
+    BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
     if is_rank:
@@ -314,9 +313,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         lane = tl.arange(0, 32 * NW)
         warp = lane // 32
         g = (lane % 32) // 4
-        # warp w: row warp w % RW over K split w // RW (the host picks splits that divide K's tiles)
-        k_lo = (warp // RW) * (tiles_per_warp * _TILE_K)
-        w_rows, s_rows = row_addresses(w_ptr, s_ptr, pid_n * BN + 16 * (warp % RW) + g, stride_wn, stride_sn, MT, RW)
+        k_lo = warp * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
+        w_rows, s_rows = row_addresses(w_ptr, s_ptr, pid_n * BN + g, stride_wn, stride_sn, MT)
         x_rows, x_ok = activation_rows(x_ptr, g, M, stride_xm, NT)
         ok = tl.full((32 * NW,), 1, tl.int32)
         # frozen weights: loaded before the PDL wait
@@ -331,11 +329,11 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         tiles = ()
         for m in tl.static_range(MT):
             c = acc[m]
-            y = _gather(c[0], c[1], c[2], c[3], NW, RW)  # [16 RW, 8]: activation rows 0-7
+            y = _gather(c[0], c[1], c[2], c[3], NW)  # [16, 8]: activation rows 0-7
             if NT == 1:
-                y = _stack(y, tl.zeros((16 * RW, 8), dtype=tl.float32), 1)
+                y = _stack(y, tl.zeros((16, 8), dtype=tl.float32), 1)
             else:
-                y = _stack(y, _gather(c[4], c[5], c[6], c[7], NW, RW), 1)
+                y = _stack(y, _gather(c[4], c[5], c[6], c[7], NW), 1)
             tiles = tiles + (y,)
         if MT == 1:
             tile = tiles[0]
@@ -349,14 +347,13 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
 
 
 def warps_for(cfg: GemvConfig, programs: int, k: int, sms: int) -> int:
-    """Warps per program: cfg.row_warps times a K split, each split an equal run of K tiles (cfg.mma_tiles at a
-    time); the fewest powers of two that give about cfg.programs_per_sm warps per SM over `programs` programs, at
-    most cfg.num_warps (or row_warps), the splits dividing the K tiles."""
+    """Warps per program, each taking an equal run of K tiles (cfg.mma_tiles at a time): the fewest powers
+    of two that give about cfg.programs_per_sm warps per SM over `programs` programs, at most cfg.num_warps,
+    dividing the K tiles."""
     want = -(-cfg.programs_per_sm * sms // programs)
     tiles = k // TILE_K // cfg.mma_tiles
-    rw = cfg.row_warps
-    nw = rw
-    while nw < want and nw * 2 <= cfg.num_warps and tiles % (nw * 2 // rw) == 0:
+    nw = 1
+    while nw < want and nw * 2 <= cfg.num_warps and tiles % (nw * 2) == 0:
         nw *= 2
     return nw
 
@@ -369,14 +366,14 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
     n = w.n
     n_tiles = n // cfg.block_n
     nw = warps_for(cfg, n_tiles, k, sm_count(x.device))
+    # Two n8 tiles of activation rows (M > 8) take one K tile per step: two would spill (compile test).
     # Rank programs (LoRA) of NW warps take NW times the one-warp slice: fewer of them hold SM slots.
     launch = launch_args(x, n, lora, 16, cfg.block_n, lambda: tickets(N_COUNTERS), n_tiles, stamps, TILE_K * nw)
     pdl = use_pdl(x.device)
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
-        x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), k // TILE_K // (nw // cfg.row_warps),
-        w.values.stride(0),
-        w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16 // cfg.row_warps, NT=1 if m <= 8 else 2,
-        U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
-        launch_pdl=pdl, num_warps=nw, RW=cfg.row_warps, **launch.constexprs,
+        x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), k // TILE_K // nw, w.values.stride(0),
+        w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
+        U=cfg.mma_tiles if m <= 8 else 1, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
+        launch_pdl=pdl, num_warps=nw, **launch.constexprs,
     )  # fmt: skip
     return out

@@ -62,10 +62,10 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         k_lo = (lane // 32) * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
         e64 = e.to(tl.int64)
         w_rows, s_rows = row_addresses(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN + g,
-                                       stride_wn, stride_sn, MT // 2 if SWIGLU else MT, 1)  # fmt: skip
+                                       stride_wn, stride_sn, MT // 2 if SWIGLU else MT)  # fmt: skip
         if SWIGLU:  # the up rows are the loop's second row tile
             up_w, up_s = row_addresses(w2_ptr + e64 * stride_we, s2_ptr + e64 * stride_se, pid_n * BN + g,
-                                       stride_wn, stride_sn, 1, 1)  # fmt: skip
+                                       stride_wn, stride_sn, 1)  # fmt: skip
             w_rows, s_rows = w_rows + up_w, s_rows + up_s
         x_rows, x_ok = activation_rows(x_ptr, first + g, end, stride_xm, 1)
         nxt = _load_weights(w_rows, s_rows, k_lo, tl.full((32 * NW,), 1, tl.int32), stride_wn, stride_sn, GROUP, U,
@@ -79,9 +79,9 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         if SWIGLU:
             gate, up = acc[0], acc[1]
             offs_n = pid_n * BN + tl.arange(0, 16)
-            g_y = _projection_out(_gather(gate[0], gate[1], gate[2], gate[3], NW, 1), b_ptr, 0, offs_n, lora, dt, LORA,
-                                  R, R_POW2)  # fmt: skip
-            u_y = _projection_out(_gather(up[0], up[1], up[2], up[3], NW, 1), b2_ptr, 1, offs_n, lora, dt, LORA, R,
+            g_y = _projection_out(_gather(gate[0], gate[1], gate[2], gate[3], NW), b_ptr, 0, offs_n, lora, dt, LORA, R,
+                                  R_POW2)  # fmt: skip
+            u_y = _projection_out(_gather(up[0], up[1], up[2], up[3], NW), b2_ptr, 1, offs_n, lora, dt, LORA, R,
                                   R_POW2)  # fmt: skip
             ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
             tl.store(ptrs, silu_times(g_y, u_y, dt, _LIBDEVICE), mask=offs_m[None, :] < end)
@@ -89,7 +89,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
             for m in tl.static_range(MT):
                 c = acc[m]
                 offs_n = pid_n * BN + 16 * m + tl.arange(0, 16)
-                y = _projection_out(_gather(c[0], c[1], c[2], c[3], NW, 1), b_ptr, 0, offs_n, lora, dt, LORA, R, R_POW2)
+                y = _projection_out(_gather(c[0], c[1], c[2], c[3], NW), b_ptr, 0, offs_n, lora, dt, LORA, R, R_POW2)
                 ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
                 tl.store(ptrs, y, mask=offs_m[None, :] < end)
 
