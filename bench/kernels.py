@@ -1,6 +1,6 @@
 """Kernel benchmark on the GPU machine: fused low-precision GEMMs vs torch bf16 in the same run.
 
-    python bench/kernels.py [--sections dense,moe,formats,sweep] [--budget SECONDS]
+    python bench/kernels.py [--sections dense,moe,formats,sweep,midm] [--budget SECONDS]
 
 Times are triton.testing.do_bench medians (L2 flushed before every call) in microseconds. Ratios are
 bf16 time / kernel time, so > 1 means the kernel is faster. Weights are random and generated directly
@@ -315,6 +315,66 @@ def bench_sweep(rep: Report) -> None:
                         f"{'dX ' if dx else 'fwd'} N={n:5} K={k:5} M={m:5} | {desc}")
 
 
+def _midm_candidates(m: int) -> dict[str, kernels.TileConfig]:
+    """Tile configs of the fused kernel for 64 <= M <= 256 (the RL rollout's decode batches)."""
+    T = kernels.TileConfig
+    bm = min(m, 128)
+    grid = [(128, 128, 8, 4, 0), (128, 256, 8, 3, 0), (128, 256, 8, 4, 0), (256, 128, 8, 3, 0), (256, 128, 8, 4, 0),
+            (128, 128, 8, 4, 1), (256, 128, 8, 4, 1), (64, 256, 4, 4, 0), (64, 128, 4, 6, 0), (64, 512, 4, 3, 0),
+            (128, 64, 8, 6, 0), (128, 128, 4, 4, 0), (128, 128, 8, 5, 0), (256, 64, 8, 5, 0), (256, 256, 8, 3, 0),
+            (64, 256, 4, 3, 1)]  # (block_p, block_r, warps, stages, split_k)  # fmt: skip
+    out = {f"{bm},{bp},{br},{w},{st},T,{sp}": T(bm, bp, br, w, st, True, sp) for bp, br, w, st, sp in grid}
+    if m > 64:
+        out.update({f"64,{bp},{br},{w},{st},T,{sp}": T(64, bp, br, w, st, True, sp)
+                    for bp, br, w, st, sp in ((128, 128, 8, 4, 0), (256, 128, 8, 4, 0), (128, 256, 8, 3, 0))})
+        out.update({f"{m},128,64,8,3,T,1": T(m, 128, 64, 8, 3, True, 1)} if m == 256 else {})
+    out["shipped"] = kernels.configs.pick_config("fwd", m, torch.device("cuda"))
+    return out
+
+
+def bench_midm(rep: Report) -> None:
+    """Fused int4 forward at the rollout's decode batches (M = 64 / 128 / 256) over a wider grid of tiles than the
+    `sweep` section's, on every dense shape, against bf16 cuBLAS and one-pass dequantize + cuBLAS."""
+    rep.say("\n== M = 64-256 tiles: int4-g32 fwd, graph_us (cold L2), x = bf16 / int4 ==")
+    fmt = get_format("int4")
+    ratios: dict[tuple[int, str], list[float]] = {}
+    for model, layers in DENSE.items():
+        for layer, n, k in layers:
+            w = randn(n, k, scale=0.02)
+            packed = fmt.random_packed((n, k), device="cuda")
+            for m in (64, 128, 256):
+                if rep.out_of_time():
+                    return
+                x = randn(m, k)
+                tm = timer(m)
+                bf16 = tm(F.linear, x, w)
+                ref = kernels.int4_linear(x, packed, config=kernels.configs.pick_config("fwd", m, x.device))
+                times = {"dq+mm": tm(dq_linear, x, packed)}
+                for name, cfg in _midm_candidates(m).items():
+                    try:
+                        y = kernels.int4_linear(x, packed, config=cfg)
+                        if not torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=2e-2):
+                            rep.say(f"  WRONG {name} {model}.{layer} M={m}")
+                            continue
+                        times[name] = tm(kernels.int4_linear, x, packed, config=cfg)
+                    except Exception as e:  # a config may not fit shared memory / registers
+                        rep.say(f"  cfg {name} failed: {type(e).__name__}")
+                for name, t in times.items():
+                    ratios.setdefault((m, name), []).append(bf16 / t)
+                best = min(times, key=times.get)
+                rep.add(dict(section="midm", model=model, layer=layer, n=n, k=k, m=m, bf16=bf16, times=times),
+                        f"{model:16} {layer:12} {n:6} {k:6} {m:4} | bf16 {bf16:7.1f} shipped {times['shipped']:7.1f} "
+                        f"({bf16 / times['shipped']:4.2f}x) dq+mm {times['dq+mm']:7.1f} | best {best:22} "
+                        f"{times[best]:7.1f} ({bf16 / times[best]:4.2f}x)")  # fmt: skip
+            torch.cuda.empty_cache()
+    for m in (64, 128, 256):
+        ranked = sorted(((math.exp(sum(map(math.log, v)) / len(v)), min(v), name) for (mm, name), v in ratios.items()
+                         if mm == m and len(v) == max(len(u) for (m2, _), u in ratios.items() if m2 == m)),
+                        reverse=True)  # fmt: skip
+        rep.say(f"-- M={m}: geomean (min) x over bf16, top 8: " + "; ".join(f"{n} {g:.2f} ({mn:.2f})"
+                                                                            for g, mn, n in ranked[:8]))  # fmt: skip
+
+
 def summary(rep: Report) -> None:
     def gm(v):
         return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
@@ -341,7 +401,7 @@ def summary(rep: Report) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", default="dense,moe,formats", help="comma list of dense,moe,formats,sweep")
+    p.add_argument("--sections", default="dense,moe,formats", help="comma list of dense,moe,formats,sweep,midm")
     p.add_argument("--budget", type=float, default=1e9, help="start no new measurement after this many s")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -350,7 +410,8 @@ def main(argv=None) -> None:
     rep = Report(args.budget)
     rep.say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | "
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
-    sections = {"dense": bench_dense, "moe": bench_moe, "formats": bench_formats, "sweep": bench_sweep}
+    sections = {"dense": bench_dense, "moe": bench_moe, "formats": bench_formats, "sweep": bench_sweep,
+                "midm": bench_midm}
     for name in args.sections.split(","):
         sections[name](rep)
         rep.dump()
