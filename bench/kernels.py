@@ -316,18 +316,17 @@ def bench_sweep(rep: Report) -> None:
 
 
 def _midm_candidates(m: int) -> dict[str, kernels.TileConfig]:
-    """Tile configs of the fused kernel for 64 <= M <= 256 (the RL rollout's decode batches)."""
+    """Tile configs of the fused kernel for 64 <= M <= 256 (the RL rollout's decode batches): the leaders of a first,
+    wider grid (bench/RESULTS.md), fewer than 4 warps (Triton then multiplies with mma.sync, the weight tile in
+    registers and the activations from shared memory by ldmatrix: Marlin's structure), and unswapped tiles."""
     T = kernels.TileConfig
     bm = min(m, 128)
-    grid = [(128, 128, 8, 4, 0), (128, 256, 8, 3, 0), (128, 256, 8, 4, 0), (256, 128, 8, 3, 0), (256, 128, 8, 4, 0),
-            (128, 128, 8, 4, 1), (256, 128, 8, 4, 1), (64, 256, 4, 4, 0), (64, 128, 4, 6, 0), (64, 512, 4, 3, 0),
-            (128, 64, 8, 6, 0), (128, 128, 4, 4, 0), (128, 128, 8, 5, 0), (256, 64, 8, 5, 0), (256, 256, 8, 3, 0),
-            (64, 256, 4, 3, 1)]  # (block_p, block_r, warps, stages, split_k)  # fmt: skip
-    out = {f"{bm},{bp},{br},{w},{st},T,{sp}": T(bm, bp, br, w, st, True, sp) for bp, br, w, st, sp in grid}
-    if m > 64:
-        out.update({f"64,{bp},{br},{w},{st},T,{sp}": T(64, bp, br, w, st, True, sp)
-                    for bp, br, w, st, sp in ((128, 128, 8, 4, 0), (256, 128, 8, 4, 0), (128, 256, 8, 3, 0))})
-        out.update({f"{m},128,64,8,3,T,1": T(m, 128, 64, 8, 3, True, 1)} if m == 256 else {})
+    grid = [(bm, 128, 128, 8, 4, True, 0), (64, 128, 256, 8, 3, True, 0), (64, 128, 128, 8, 4, True, 0),
+            (64, 32, 128, 2, 4, True, 0), (64, 32, 256, 2, 3, True, 0), (64, 64, 128, 2, 4, True, 0),
+            (64, 16, 256, 1, 4, True, 0), (64, 32, 128, 1, 4, True, 0), (64, 64, 256, 2, 3, True, 0),
+            (64, 32, 128, 2, 4, True, 1), (64, 128, 128, 4, 4, False, 0), (64, 256, 64, 8, 3, False, 0),
+            (bm, 128, 64, 8, 3, False, 0), (bm, 256, 64, 8, 3, False, 0)]  # fmt: skip
+    out = {",".join(str(int(v) if isinstance(v, bool) else v) for v in c): T(*c) for c in grid}
     out["shipped"] = kernels.configs.pick_config("fwd", m, torch.device("cuda"))
     return out
 
