@@ -54,7 +54,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                     help="preset config overrides, e.g. num_hidden_layers=8 hidden_size=1024")
-    ap.add_argument("--quant", default="int4")
+    ap.add_argument("--quant", default="int4", help="the base's format; 'bf16' for an unquantized base (the baseline)")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-targets", default="all-linear", help="'all-linear' or a comma list of module names")
     ap.add_argument("--device", default="cuda")
@@ -145,7 +145,8 @@ def weight_bytes_per_step(model, batch: int, slot: str = "slot0") -> float:
 
 
 def lora_model(args, preset: str):
-    model = load_model(preset, quant=args.quant, device=args.device, dtype=args.dtype, **args.override)
+    quant = None if args.quant == "bf16" else args.quant
+    model = load_model(preset, quant=quant, device=args.device, dtype=args.dtype, **args.override)
     targets = args.lora_targets if args.lora_targets == "all-linear" else args.lora_targets.split(",")
     add_adapter(model, peft.LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules=targets))
     with torch.no_grad():  # a nonzero B so that the adapter really runs (PEFT initialises B to zero)
