@@ -73,9 +73,18 @@ _CPU = TileConfig(32, 32, 32, num_warps=1, num_stages=1)  # interpreter: small t
 _FP32 = TileConfig(32, 32, 32, num_warps=4, num_stages=2)
 
 
-def pick_config(kind: str, m: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> TileConfig:
+# The forward at 17-64 rows (the rollout's decode batches past the GEMV) with a long reduction: 256 of K per step.
+# bench/kernels.py --sections midm (H200, two runs; bench/RESULTS.md, eleventh session), M = 64, against the bucket's
+# config: Qwen3-8B down (K = 12288) 48.2 -> 38.8 us, DeepSeek-V3 mlp.down (18432) 100.4 -> 92.3 us, DeepSeek-V3 o
+# (16384) a tie; at K = 8192 (Qwen3-235B-A22B o) it lost, 26.5 -> 30.2 us.
+LONG_K = 12288
+_FWD_LONG_K = TileConfig(64, 128, 256, num_warps=8, num_stages=3, swap_ab=True, split_k=0)
+
+
+def pick_config(kind: str, m: int, device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                k: int = 0) -> TileConfig:  # fmt: skip
     """The tile config for kernel `kind` ("fwd", "dx", "grouped_fwd", "grouped_dx") at M rows of
-    `dtype` activations."""
+    `dtype` activations; k: the reduction's length where known (0: not)."""
     if kind not in _FAST:
         raise ValueError(f"unknown kernel kind {kind!r}; expected one of {sorted(_FAST)}")
     if device.type != "cuda":
@@ -84,6 +93,8 @@ def pick_config(kind: str, m: int, device: torch.device, dtype: torch.dtype = to
         return _FP32
     if is_batch_invariant():
         return _INVARIANT
+    if kind == "fwd" and 16 < m <= 64 and k >= LONG_K:
+        return _FWD_LONG_K
     return next(cfg for bound, cfg in _FAST[kind] if m <= bound)
 
 

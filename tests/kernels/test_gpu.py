@@ -58,6 +58,18 @@ def test_bf16_forward_and_dx_against_fp64(fmt):
         assert_within(dx, ref_dx, matmul_bound(dy, w.T, ref_dx, BF16_REL))
 
 
+@pytest.mark.parametrize("m", [17, 64])
+def test_bf16_long_k_decode_config_against_fp64(m):
+    """configs.LONG_K's forward config (17-64 rows, K >= 12288: 256 of K per step) is the one dispatched, and meets
+    the same bound."""
+    n, k = 512, kernels.configs.LONG_K
+    assert kernels.configs.pick_config("fwd", m, torch.device("cuda"), k=k) is kernels.configs._FWD_LONG_K
+    packed, w = random_weight("int4", (n, k), seed=3, device="cuda")
+    x = _randn(m, k, seed=m).bfloat16()
+    ref = x.double() @ w.T
+    assert_within(kernels.dequant_linear(x, "int4", packed), ref, matmul_bound(x, w, ref, BF16_REL))
+
+
 @pytest.mark.parametrize("fmt", ["int4", "mxfp4", "nvfp4"])
 def test_bf16_grouped_against_fp64(fmt):
     counts = [70, 0, 1, 130, 0, 45, 2, 52]  # empty experts, a single-token expert, multi-tile experts
