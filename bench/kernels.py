@@ -315,7 +315,7 @@ def bench_sweep(rep: Report) -> None:
                         f"{'dX ' if dx else 'fwd'} N={n:5} K={k:5} M={m:5} | {desc}")
 
 
-def _midm_candidates(m: int) -> dict[str, kernels.TileConfig]:
+def _midm_candidates(m: int, k: int) -> dict[str, kernels.TileConfig]:
     """Tile configs of the fused kernel for 64 <= M <= 256 (the RL rollout's decode batches): the leaders of a first,
     wider grid (bench/RESULTS.md), fewer than 4 warps (Triton then multiplies with mma.sync, the weight tile in
     registers and the activations from shared memory by ldmatrix: Marlin's structure), and unswapped tiles."""
@@ -327,7 +327,7 @@ def _midm_candidates(m: int) -> dict[str, kernels.TileConfig]:
             (64, 32, 128, 2, 4, True, 1), (64, 128, 128, 4, 4, False, 0), (64, 256, 64, 8, 3, False, 0),
             (bm, 128, 64, 8, 3, False, 0), (bm, 256, 64, 8, 3, False, 0)]  # fmt: skip
     out = {",".join(str(int(v) if isinstance(v, bool) else v) for v in c): T(*c) for c in grid}
-    out["shipped"] = kernels.configs.pick_config("fwd", m, torch.device("cuda"))
+    out["shipped"] = kernels.configs.pick_config("fwd", m, torch.device("cuda"), int4_r=k)
     return out
 
 
@@ -347,9 +347,9 @@ def bench_midm(rep: Report) -> None:
                 x = randn(m, k)
                 tm = timer(m)
                 bf16 = tm(F.linear, x, w)
-                ref = kernels.int4_linear(x, packed, config=kernels.configs.pick_config("fwd", m, x.device))
+                ref = kernels.int4_linear(x, packed)  # (the dispatched path)
                 times = {"dq+mm": tm(dq_linear, x, packed)}
-                for name, cfg in _midm_candidates(m).items():
+                for name, cfg in _midm_candidates(m, k).items():
                     try:
                         y = kernels.int4_linear(x, packed, config=cfg)
                         if not torch.allclose(y.float(), ref.float(), rtol=2e-2, atol=2e-2):

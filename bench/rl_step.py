@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (smoke tests)")
-    ap.add_argument("--quant", default="int4", help="the base's format; 'bf16' for an unquantized base (the baseline)")
+    ap.add_argument("--quant", default="int4", help="the base's format; 'bf16' keeps the base unquantized (baseline)")
     ap.add_argument("--expert-chunk", type=int, default=None,
                     help="routed experts per dequantized chunk (model.expert_chunk; default: what 1 GiB holds)")
     ap.add_argument("--deterministic", action="store_true",

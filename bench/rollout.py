@@ -40,7 +40,7 @@ from orbit_lightning.kernels import pdl as kernels_pdl
 from orbit_lightning import add_adapter, load_model
 from orbit_lightning.adapters import AdapterLayer
 from orbit_lightning.models import preset_hf_config, token_logprobs
-from orbit_lightning.quant.experts import QuantExperts
+from orbit_lightning.models.moe import Experts
 from orbit_lightning.rollout import RolloutEngine, SamplingParams, kv_cache, runner
 from orbit_lightning.rollout.blocks import blocks_for
 from orbit_lightning.rollout.kv_cache import KVLayout
@@ -54,7 +54,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                     help="preset config overrides, e.g. num_hidden_layers=8 hidden_size=1024")
-    ap.add_argument("--quant", default="int4", help="the base's format; 'bf16' for an unquantized base (the baseline)")
+    ap.add_argument("--quant", default="int4",
+                    help="the base's format; 'bf16' keeps the base unquantized in --dtype (the baseline)")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-targets", default="all-linear", help="'all-linear' or a comma list of module names")
     ap.add_argument("--device", default="cuda")
@@ -139,7 +140,7 @@ def weight_bytes_per_step(model, batch: int, slot: str = "slot0") -> float:
             if module is embed:
                 total += batch * t.shape[-1] * t.element_size()
                 continue
-            expert = isinstance(module, QuantExperts) or (isinstance(module, AdapterLayer) and t.dim() == 3)
+            expert = isinstance(module, Experts) or (isinstance(module, AdapterLayer) and t.dim() == 3)
             total += t.numel() * t.element_size() * (frac if expert else 1.0)
     return total
 

@@ -73,18 +73,19 @@ _CPU = TileConfig(32, 32, 32, num_warps=1, num_stages=1)  # interpreter: small t
 _FP32 = TileConfig(32, 32, 32, num_warps=4, num_stages=2)
 
 
-# The forward at 17-64 rows (the rollout's decode batches past the GEMV) with a long reduction: 256 of K per step.
-# bench/kernels.py --sections midm (H200, two runs; bench/RESULTS.md, eleventh session), M = 64, against the bucket's
-# config: Qwen3-8B down (K = 12288) 48.2 -> 38.8 us, DeepSeek-V3 mlp.down (18432) 100.4 -> 92.3 us, DeepSeek-V3 o
-# (16384) a tie; at K = 8192 (Qwen3-235B-A22B o) it lost, 26.5 -> 30.2 us.
+# The int4 forward on bf16 at 17-64 rows (the rollout's decode batches past the GEMV) with a long reduction: 256 of K
+# per step. bench/kernels.py --sections midm (H200, two runs; bench/RESULTS.md, eleventh session), M = 64, against
+# the bucket's config: Qwen3-8B down (K = 12288) 48.2 -> 38.7-38.9 us, DeepSeek-V3 mlp.down (18432) 100.4 ->
+# 91.9-92.6 us, DeepSeek-V3 o (16384) a tie; at K = 8192 (Qwen3-235B-A22B o) it lost, 26.5 -> 30.2 us. Other formats
+# and dtypes were not measured, so they keep the bucket's config.
 LONG_K = 12288
 _FWD_LONG_K = TileConfig(64, 128, 256, num_warps=8, num_stages=3, swap_ab=True, split_k=0)
 
 
 def pick_config(kind: str, m: int, device: torch.device, dtype: torch.dtype = torch.bfloat16,
-                k: int = 0) -> TileConfig:  # fmt: skip
+                int4_r: int = 0) -> TileConfig:  # fmt: skip
     """The tile config for kernel `kind` ("fwd", "dx", "grouped_fwd", "grouped_dx") at M rows of
-    `dtype` activations; k: the reduction's length where known (0: not)."""
+    `dtype` activations; int4_r: the reduction's length R for int4 weights on bf16 activations (0 otherwise)."""
     if kind not in _FAST:
         raise ValueError(f"unknown kernel kind {kind!r}; expected one of {sorted(_FAST)}")
     if device.type != "cuda":
@@ -93,7 +94,7 @@ def pick_config(kind: str, m: int, device: torch.device, dtype: torch.dtype = to
         return _FP32
     if is_batch_invariant():
         return _INVARIANT
-    if kind == "fwd" and 16 < m <= 64 and k >= LONG_K:
+    if kind == "fwd" and 16 < m <= 64 and int4_r >= LONG_K:
         return _FWD_LONG_K
     return next(cfg for bound, cfg in _FAST[kind] if m <= bound)
 
@@ -232,6 +233,7 @@ def max_row_tiles(rows: int, block_m: int, experts: int) -> int:
 # (warps_for); at 96-136 registers only 12-20 of those warps are resident per SM at once.
 GROUPED_MMA_ROWS = 16
 MMA_ROW_TILE = 8  # activation rows per grouped_mma program: one n8 tile, the mma's columns
+GROUPED_MMA_MAX_RANK = 64  # expert LoRA ranks its epilogue takes: from 128 u and B spill (compile test), torch serves
 GROUPED_MMA_SWIGLU = True  # gate, up and SiLU-mul in one launch there (kernels.grouped_dequant_swiglu); False: three
 GROUPED_MMA_LORA = True  # expert LoRA in its epilogue (grouped_dequant_swiglu / _lora); False: torch's grouped GEMMs
 _GROUPED_MMA = GemvConfig(16, 32, 128, mma=True, num_warps=4, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)

@@ -220,7 +220,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
             if lora is not None and not fused:
                 out = lora_add_many(out, a2, *lora)
             return out.reshape(*lead, p)
-    cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype, r)
+    cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype, r if fast_int4(w, a.dtype) else 0)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
     split = auto_split(cfg, n_tiles, r, a.device)
     r_per_split = triton.cdiv(triton.cdiv(r, split), cfg.block_r) * cfg.block_r

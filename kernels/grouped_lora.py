@@ -72,6 +72,9 @@ def grouped_lora_a(x_sorted: Tensor, expert_offsets: Tensor, a: tuple[Tensor, ..
                                    or m.stride(2) != 1 for m in a):  # fmt: skip
         raise ValueError(f"grouped_lora_a takes one or two A [E, r, K={k}] of one layout in {x_sorted.dtype}, got "
                          f"{[(tuple(m.shape), m.dtype) for m in a]}")
+    if expert_offsets.numel() != e + 1:  # (the kernel reads E + 1 offsets; more experts in A would read past them)
+        raise ValueError(f"grouped_lora_a: A has {e} experts but expert_offsets has {expert_offsets.numel()} entries; "
+                         f"expected {e + 1}")
     u = torch.empty((t, len(a), r), dtype=x_sorted.dtype, device=x_sorted.device)
     if t == 0:
         return u

@@ -98,8 +98,9 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
 def _projection_out(y, b_ptr, j, offs_n, lora, dt: tl.constexpr, LORA: tl.constexpr, R: tl.constexpr,
                     R_POW2: tl.constexpr):  # fmt: skip
     """One [16 weight rows, 8 activation rows] tile of a projection in dt: y (fp32 sums) rounded, or with LORA
-    LoraExperts.linear's steps: y + (scale * B_e[rows] . u[activation rows, j]), each product and sum rounded to dt
-    as torch rounds them (the delta's own fp32 sum runs in another order than torch's grouped GEMM)."""
+    LoraExperts.linear's steps: B_e[rows] . u[activation rows, j] summed in fp32 and rounded to dt, scaled and
+    rounded, added to y rounded and rounded again, as torch's grouped GEMM, scale and add round (the delta's fp32
+    sum runs in another order than torch's grouped GEMM's)."""
     if LORA:
         u_ptr, stride_ut, stride_be, stride_bn, scale, e64, offs_m, end = lora
         r = tl.arange(0, R_POW2)
@@ -138,7 +139,7 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
     r, u = 1, out
     if lora is not None:
         r, b0 = lora.a[0].shape[1], lora.b[0]
-        if len(lora.a) != len(lora.b) or len(lora.b) != (2 if swiglu else 1) or any(
+        if len(lora.a) != len(lora.b) or len(lora.b) != (2 if swiglu else 1) or lora.a[0].shape[0] != w.experts or any(
                 b.shape != (w.experts, w.n, r) or b.stride() != b0.stride() or b.stride(2) != 1 or b.dtype != x.dtype
                 for b in lora.b):  # fmt: skip
             raise ValueError(f"grouped_mma's LoRA takes an A [E, r, K] and a B [E, N={w.n}, r] per projection in "

@@ -100,7 +100,7 @@ def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
     lora: gate's and up's expert LoRA, added to each before the SiLU (one more launch, for A x).
     Returns [T, I] in x_sorted.dtype."""
     w = resolve(fmt, gate, stacked=True, **fmt_kw)
-    if not configs.GROUPED_MMA_SWIGLU or lora is not None and not configs.GROUPED_MMA_LORA:
+    if not configs.GROUPED_MMA_SWIGLU or not _lora_served(lora):
         return None
     if not fast_int4(w, x_sorted.dtype):
         return None
@@ -112,12 +112,17 @@ def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
     return grouped_mma(x_sorted, expert_offsets, w, mma, up=w_up, lora=lora)
 
 
+def _lora_served(lora: ExpertLora | None) -> bool:
+    """Whether the decode kernel takes these expert adapters (none, or on and of a rank it holds in registers)."""
+    return lora is None or configs.GROUPED_MMA_LORA and lora.a[0].shape[1] <= configs.GROUPED_MMA_MAX_RANK
+
+
 def grouped_dequant_lora(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,
                          packed: Mapping[str, Tensor], lora: ExpertLora, **fmt_kw) -> Tensor | None:
     """grouped_dequant_linear plus one projection's expert LoRA, lora.scale * B_e (A_e x), in two launches where the
     decode kernel serves (as grouped_dequant_swiglu); None elsewhere. Returns [T, N] in x_sorted.dtype."""
     w = resolve(fmt, packed, stacked=True, **fmt_kw)
-    mma = pick_grouped_mma(x_sorted, w) if configs.GROUPED_MMA_LORA and fast_int4(w, x_sorted.dtype) else None
+    mma = pick_grouped_mma(x_sorted, w) if _lora_served(lora) and fast_int4(w, x_sorted.dtype) else None
     if mma is None:
         return None  # (the caller's path checks the arguments)
     check_grouped(x_sorted, expert_offsets, w, dx=False)

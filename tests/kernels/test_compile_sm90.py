@@ -137,12 +137,13 @@ for mt, u, swiglu, lora in ((1, 2, False, 0), (2, 2, False, 0), (1, 1, False, 0)
     report[name] = ptxas_report(src, num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
 grouped_lora = importlib.import_module("orbit_lightning.kernels.grouped_lora")
 names = list(inspect.signature(grouped_lora._lora_a_kernel.fn).parameters)
-const = dict(J=2, R=16, R_POW2=16, BM=16, BK=128, E_POW2=128, PREC="tf32", UPCAST=False, PDL=True)
-sig = {n: "constexpr" if n in const else {"offsets_ptr": "*i32"}.get(n, "*bf16" if n.endswith("_ptr") else "i32")
-       for n in names}  # fmt: skip
-src = ASTSource(fn=grouped_lora._lora_a_kernel, signature=sig,
-                constexprs={(names.index(k),): v for k, v in const.items()})
-report["_lora_a_kernel"] = ptxas_report(src, num_warps=4)
+for rank in (16, configs.GROUPED_MMA_MAX_RANK):  # the engine's, and the largest the dispatch takes
+    const = dict(J=2, R=rank, R_POW2=rank, BM=16, BK=128, E_POW2=128, PREC="tf32", UPCAST=False, PDL=True)
+    sig = {n: "constexpr" if n in const else {"offsets_ptr": "*i32"}.get(n, "*bf16" if n.endswith("_ptr") else "i32")
+           for n in names}  # fmt: skip
+    src = ASTSource(fn=grouped_lora._lora_a_kernel, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in const.items()})
+    report["_lora_a_kernel" + ("" if rank == 16 else f"-r{rank}")] = ptxas_report(src, num_warps=4)
 moe_route = importlib.import_module("orbit_lightning.kernels.moe_route")
 names = list(inspect.signature(moe_route._softmax_topk_kernel.fn).parameters)
 const = dict(K=8, RENORM=True, BT=16, E_POW2=128, PDL=True)  # as softmax_topk launches E = 128
@@ -192,7 +193,7 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
                            "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",
                            "mma-grouped-mt1-u1", "mma-grouped-swiglu", "mma-grouped-swiglu-lora16",
                            "mma-grouped-mt2-u2-lora16", "mma-grouped-swiglu-lora8", "mma-grouped-swiglu-lora64",
-                           "_lora_a_kernel"}
+                           "_lora_a_kernel", "_lora_a_kernel-r64"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
     # 16 rows x 128 experts per 4-warp program hold ~16 probabilities and ranks per thread: room for 2+ programs

@@ -6,6 +6,8 @@ output once (2^-9 of |y|). So |y - ref| <= 2^-9 (sum_k |x||w| + |ref|) holds rig
 allow 2^-8 for margin.
 """
 
+import importlib
+
 import pytest
 import torch
 
@@ -59,15 +61,18 @@ def test_bf16_forward_and_dx_against_fp64(fmt):
 
 
 @pytest.mark.parametrize("m", [17, 64])
-def test_bf16_long_k_decode_config_against_fp64(m):
-    """configs.LONG_K's forward config (17-64 rows, K >= 12288: 256 of K per step) is the one dispatched, and meets
-    the same bound."""
+def test_bf16_long_k_decode_config_against_fp64(m, monkeypatch):
+    """configs.LONG_K's forward config (int4 on bf16, 17-64 rows, K >= 12288: 256 of K per step) is the one
+    dense_gemm launches, and meets the same bound."""
     n, k = 512, kernels.configs.LONG_K
-    assert kernels.configs.pick_config("fwd", m, torch.device("cuda"), k=k) is kernels.configs._FWD_LONG_K
+    gemm = importlib.import_module("orbit_lightning.kernels.gemm")
+    picked = []
+    monkeypatch.setattr(gemm, "pick_config", lambda *a, _pick=gemm.pick_config: picked.append(_pick(*a)) or picked[-1])
     packed, w = random_weight("int4", (n, k), seed=3, device="cuda")
     x = _randn(m, k, seed=m).bfloat16()
     ref = x.double() @ w.T
     assert_within(kernels.dequant_linear(x, "int4", packed), ref, matmul_bound(x, w, ref, BF16_REL))
+    assert picked == [kernels.configs._FWD_LONG_K]
 
 
 @pytest.mark.parametrize("fmt", ["int4", "mxfp4", "nvfp4"])

@@ -54,6 +54,32 @@ def test_grouped_lora_a_rejects_mismatched_adapters():
     with pytest.raises(ValueError, match="one or two A"):
         kernels.grouped_lora_a(x, _offsets([4, 0]), (torch.randn(2, 8, 64),) * 3)
     assert kernels.grouped_lora_a(x[:0], _offsets([0, 0]), (torch.randn(2, 8, 64),)).shape == (0, 1, 8)
+    with pytest.raises(ValueError, match="3 experts but expert_offsets has 3 entries"):
+        kernels.grouped_lora_a(x, _offsets([4, 0]), (torch.randn(3, 8, 64),))
+
+
+@cpu
+def test_the_decode_kernel_takes_ranks_up_to_its_limit_and_checks_the_experts(monkeypatch):
+    """Ranks past configs.GROUPED_MMA_MAX_RANK are left to torch (None); an A with another expert count than the
+    weights is refused. (The dispatch is forced as on a GPU, as in the plumbing test below.)"""
+    import importlib
+
+    from orbit_lightning.kernels import configs
+
+    linear = importlib.import_module("orbit_lightning.kernels.linear")
+    monkeypatch.setattr(linear, "fast_int4", lambda w, dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(linear, "pick_grouped_mma", lambda x, w, swiglu=False: next(
+        c for c in configs._GROUPED_MMA_NARROW if configs.mma_ok(w, c, stacked=True)))
+    e, n, k = 2, 32, 256
+    packed, _ = random_weight("int4", (e, n, k), seed=2)
+    x, offsets = torch.randn(3, k).bfloat16(), _offsets([1, 2])
+    for r, served in ((16, True), (configs.GROUPED_MMA_MAX_RANK, True), (2 * configs.GROUPED_MMA_MAX_RANK, False)):
+        lora = kernels.ExpertLora((torch.zeros(e, r, k).bfloat16(),), (torch.zeros(e, n, r).bfloat16(),), 1.0)
+        out = kernels.grouped_dequant_lora(x, offsets, "int4", packed, lora)
+        assert (out is not None) == served, r
+    lora = kernels.ExpertLora((torch.zeros(e + 1, 16, k).bfloat16(),), (torch.zeros(e, n, 16).bfloat16(),), 1.0)
+    with pytest.raises(ValueError, match="LoRA takes"):
+        kernels.grouped_dequant_lora(x, offsets, "int4", packed, lora)
 
 
 def _lora(e, n, k, r, projections, seed, device="cuda"):
@@ -130,14 +156,19 @@ def _lora_experts_decode(device, monkeypatch, rel, experts=16, hidden=512, backw
     calls = []
     for name in ("grouped_dequant_swiglu", "grouped_dequant_lora"):
         fn = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, _n=name, **kw: calls.append(_n) or _fn(*a, **kw))
+        def spy(*a, _fn=fn, _n=name, **kw):
+            out = _fn(*a, **kw)
+            calls.append((_n, out is not None))  # (None: not served, the torch path ran)
+            return out
+
+        monkeypatch.setattr(kernels, name, spy)
     gen = torch.Generator(device).manual_seed(1)
     x = torch.randn(4, hidden, device=device, generator=gen).bfloat16()
     ids = torch.rand(4, experts, device=device, generator=gen).topk(2, dim=-1).indices
     w = torch.rand(4, 2, device=device, generator=gen).bfloat16()
     with torch.no_grad():
         fused = layer(x, ids, w)
-        assert calls == ["grouped_dequant_swiglu", "grouped_dequant_lora"]
+        assert calls == [("grouped_dequant_swiglu", True), ("grouped_dequant_lora", True)]
         monkeypatch.setattr(configs, "GROUPED_MMA_LORA", False)
         reference = layer(x, ids, w)
     torch.testing.assert_close(fused, reference, rtol=rel, atol=rel * reference.abs().max().item())

@@ -43,14 +43,18 @@ def test_invariant_configs_do_not_depend_on_m():
         assert pick_config("fwd", 3, cuda) == pick_config("grouped_fwd", 300, cuda)
     # fp32 activations use one small FMA-friendly config at every M, in either mode
     assert len({pick_config("fwd", m, cuda, torch.float32) for m in (1, 64, 4096)}) == 1
-    # the long-K decode config serves the fast forward at 17-64 rows only, never batch-invariant mode
-    long_k = kernels.configs.LONG_K
-    assert pick_config("fwd", 64, cuda, k=long_k).block_r > pick_config("fwd", 64, cuda, k=long_k - 128).block_r
-    assert pick_config("fwd", 16, cuda, k=long_k) == pick_config("fwd", 16, cuda)
-    assert pick_config("fwd", 65, cuda, k=long_k) == pick_config("fwd", 65, cuda)
-    assert pick_config("dx", 64, cuda, k=long_k) == pick_config("dx", 64, cuda)
+
+
+def test_the_long_k_decode_config_serves_17_to_64_rows_of_the_fast_forward():
+    cuda, pick_config, long_k = torch.device("cuda", 0), kernels.configs.pick_config, kernels.configs.LONG_K
+    for m in (17, 64):
+        assert pick_config("fwd", m, cuda, int4_r=long_k) is kernels.configs._FWD_LONG_K
+        assert pick_config("fwd", m, cuda, int4_r=long_k - 128) == pick_config("fwd", m, cuda)
+    for m in (16, 65):
+        assert pick_config("fwd", m, cuda, int4_r=long_k) == pick_config("fwd", m, cuda)
+    assert pick_config("dx", 64, cuda, int4_r=long_k) == pick_config("dx", 64, cuda)
     with kernels.batch_invariant():
-        assert pick_config("fwd", 64, cuda, k=long_k) == pick_config("fwd", 64, cuda)
+        assert pick_config("fwd", 64, cuda, int4_r=long_k) == pick_config("fwd", 64, cuda)
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
