@@ -137,6 +137,32 @@ def test_gpu_lora_epilogue_matches_torchs_steps(r):
     _epilogue_against_torch(r, "cuda", 2.0**-7)
 
 
+@_gpu
+def test_gpu_lora_epilogue_rounds_as_torch_on_exact_inputs():
+    """Bitwise LoraExperts.linear's steps where every sum is exact in fp32 whatever its order: small integers for x, A
+    and B, int4 scales of 2^-4. Then only the roundings (of y, u, B u, the scaled delta and the sum) can differ, so
+    a missing or extra one shows; the scale 0.3 makes the rounding after it count."""
+    from orbit_lightning.kernels import configs
+    from orbit_lightning.kernels.formats import resolve
+    from orbit_lightning.kernels.grouped_mma import grouped_mma
+
+    e, n, k, r, counts = 8, 96, 768, 16, [5, 0, 1, 9, 0, 3, 2, 4]
+    gate, _ = random_weight("int4", (e, n, k), seed=7, device="cuda")
+    gate["weight_scale"].fill_(2.0**-4)
+    wg = resolve("int4", gate, stacked=True)
+    gen = torch.Generator().manual_seed(3)
+
+    def ints(*shape):
+        return torch.randint(-2, 3, shape, generator=gen).to("cuda", torch.bfloat16)
+
+    x, offsets = ints(sum(counts), k), _offsets(counts, "cuda")
+    lora = kernels.ExpertLora((ints(e, r, k),), (ints(e, n, r),), 0.3)
+    for cfg in (configs._GROUPED_MMA_NARROW[0], configs._GROUPED_MMA):
+        y = grouped_mma(x, offsets, wg, cfg, lora=lora)
+        ref, _ = _torch_lora(grouped_mma(x, offsets, wg, cfg), x, counts, lora.a[0], lora.b[0], lora.scale)
+        assert torch.equal(y, ref)
+
+
 def _lora_experts_decode(device, monkeypatch, rel, experts=16, hidden=512, backward=True):
     """LoraExperts over packed experts, no autograd graph, a decode batch: SwiGLU and down with their LoRA take the
     decode kernel (spied), and agree with torch's grouped GEMMs (GROUPED_MMA_LORA off) within bf16 rounding; with
