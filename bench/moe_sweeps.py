@@ -52,11 +52,7 @@ def section_tiles() -> None:
         packed = _experts(k, n)
         per_expert = sum(v.numel() * v.element_size() for v in packed.values()) / EXPERTS
         for tokens in (1, 4, 16, 64):
-            gen = torch.Generator("cuda").manual_seed(tokens)  # the same routing in every run
-            ids = torch.rand(tokens, EXPERTS, device="cuda", generator=gen).topk(TOP_K, dim=-1).indices.reshape(-1)
-            counts = torch.bincount(ids, minlength=EXPERTS)
-            offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
-            x = torch.randn(tokens * TOP_K, k, device="cuda", dtype=torch.bfloat16)
+            x, offsets = _routed(tokens, k)
             tile = _tile_config(x)  # (the tile kernel's shipped config: without one, decode sizes take grouped_mma)
             shipped = kernels.grouped_dequant_linear(x, offsets, "int4", packed, config=tile)
             times = {"shipped": bk.graph_us(kernels.grouped_dequant_linear, x, offsets, "int4", packed, config=tile)}
@@ -71,7 +67,7 @@ def section_tiles() -> None:
                             times[f"m{bm} p{bp} r{br} w{warps}"] = bk.graph_us(
                                 kernels.grouped_dequant_linear, x, offsets, "int4", packed, config=cfg)
             best = sorted((t, label) for label, t in times.items())[:4]
-            active = int((counts > 0).sum())
+            active = int((offsets.diff() > 0).sum())
             print(f"{name} tokens {tokens:3d} ({active:3d} experts): shipped {times['shipped']:.1f} us; best "
                   + ", ".join(f"{label} {t:.1f}" for t, label in best)
                   + f" ({active * per_expert / best[0][0] / 1e3:.0f} GB/s)", flush=True)

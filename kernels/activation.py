@@ -17,8 +17,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import libdevice
 
+from .emulate import INTERPRETED
 from .formats import as_rows
-from .gemm import INTERPRETED
 from .pdl import use_pdl, wait_for_producers
 
 _BLOCK = 1024

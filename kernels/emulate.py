@@ -16,6 +16,16 @@ import triton.language as tl
 
 
 @triton.jit
+def _probe():
+    pass
+
+
+# Kernels decorated while TRITON_INTERPRET=1 was set run on the CPU through Triton's interpreter (the one place the
+# package asks; every kernel module was decorated in the same process state).
+INTERPRETED = type(_probe).__name__ == "InterpretedFunction"
+
+
+@triton.jit
 def _ptr(addr, dtype: tl.constexpr):
     return addr.to(tl.pointer_type(dtype), bitcast=True)
 

@@ -18,6 +18,7 @@ from . import configs
 from .buffers import stream_buffer
 from .configs import TileConfig, auto_split, pick_config, pick_gemv
 from .dequant import dequant_tile, load_scales
+from .emulate import INTERPRETED
 from .formats import INT4, PLAIN, PackedWeight
 from .gemv import gemv
 from .gemv_lora import LoraDelta, fits
@@ -148,8 +149,6 @@ def _dense_kernel(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
             tl.atomic_xchg(cnt_ptr + pid, 0)  # re-arm the ticket for the next launch
 
 
-# Kernels decorated while TRITON_INTERPRET=1 was set run on the CPU through Triton's interpreter.
-INTERPRETED = type(_dense_kernel).__name__ == "InterpretedFunction"
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

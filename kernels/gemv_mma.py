@@ -35,6 +35,7 @@ from torch import Tensor
 
 from . import emulate
 from .configs import TILE_K, GemvConfig, sm_count
+from .emulate import INTERPRETED
 from .formats import PackedWeight
 from .gemv_lora import N_COUNTERS, LoraDelta, lora_arrive, lora_leave, lora_rank_program
 from .gemv_out import flat_program, launch_args, store_out
@@ -44,15 +45,9 @@ from .timeline import stamp
 _TILE_K = tl.constexpr(TILE_K)
 
 
-@triton.jit
-def _probe():
-    pass
-
-
 # Under Triton's interpreter (CPU) inline PTX cannot run: the loads and the mma below are emulated there with the
 # same per-lane register contents (emulate.py), so the kernels' addressing, splits and epilogues run in CPU tests.
-EMULATED = type(_probe).__name__ == "InterpretedFunction"
-_EMULATE = tl.constexpr(EMULATED)
+_EMULATE = tl.constexpr(INTERPRETED)
 
 
 def _decode(word: str, out: str) -> str:

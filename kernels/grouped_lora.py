@@ -17,7 +17,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .configs import max_row_tiles
-from .gemm import INTERPRETED, dot_precision
+from .emulate import INTERPRETED
+from .gemm import dot_precision
 from .grouped import _find_tile
 from .pdl import use_pdl, wait_for_producers
 

@@ -20,11 +20,11 @@ from torch import Tensor
 
 from .activation import silu_times
 from .configs import MMA_ROW_TILE, TILE_K, GemvConfig, max_row_tiles, sm_count
+from .emulate import INTERPRETED
 from .formats import PackedWeight
 from .gemv_mma import (
     _LOAD_W,
     _TILE_K,
-    EMULATED,
     _gather,
     _load_weights,
     activation_rows,
@@ -37,7 +37,7 @@ from .grouped_lora import ExpertLora, grouped_lora_a
 from .pdl import launch_dependents, use_pdl, wait_for_producers
 
 _ROW_TILE = tl.constexpr(MMA_ROW_TILE)  # (the mma's n8 columns: activation_rows and _gather assume 8)
-_LIBDEVICE = tl.constexpr(not EMULATED)  # SiLU's exp (the interpreter has no libdevice: numpy's there)
+_LIBDEVICE = tl.constexpr(not INTERPRETED)  # SiLU's exp (the interpreter has no libdevice: numpy's there)
 
 
 @triton.jit

@@ -14,9 +14,10 @@ import torch
 from torch import Tensor
 
 from . import configs
-from .configs import TileConfig, capability, pick_grouped_mma
-from .formats import plain, resolve
-from .gemm import INTERPRETED, dense_gemm, fast_int4
+from .configs import GemvConfig, TileConfig, capability, pick_grouped_mma
+from .emulate import INTERPRETED
+from .formats import PackedWeight, plain, resolve
+from .gemm import dense_gemm, fast_int4
 from .gemv_lora import LoraDelta
 from .grouped import check_grouped, grouped_gemm
 from .grouped_lora import ExpertLora
@@ -83,7 +84,7 @@ def grouped_dequant_linear(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
     mma kernel (grouped_mma.py) unless `config` asks for the tile kernel.
     """
     w = resolve(fmt, packed, stacked=True, **fmt_kw)
-    mma = pick_grouped_mma(x_sorted, w) if config is None and fast_int4(w, x_sorted.dtype) else None
+    mma = _decode_config(x_sorted, w) if config is None else None
     if mma is None:
         return grouped_gemm(x_sorted, expert_offsets, w, dx=False, config=config)  # (checks its arguments)
     check_grouped(x_sorted, expert_offsets, w, dx=False)
@@ -99,17 +100,21 @@ def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
     through grouped_mma at its config (the projections' own config may split K over other warps: fp32 rounding).
     lora: gate's and up's expert LoRA, added to each before the SiLU (one more launch, for A x).
     Returns [T, I] in x_sorted.dtype."""
-    w = resolve(fmt, gate, stacked=True, **fmt_kw)
     if not configs.GROUPED_MMA_SWIGLU or not _lora_served(lora):
         return None
-    if not fast_int4(w, x_sorted.dtype):
-        return None
-    mma = pick_grouped_mma(x_sorted, w, swiglu=True)
+    w = resolve(fmt, gate, stacked=True, **fmt_kw)
+    mma = _decode_config(x_sorted, w, swiglu=True)
     w_up = resolve(fmt, up, stacked=True, **fmt_kw) if mma is not None else None
     if w_up is None or not same_layout(w, w_up):
         return None  # (the caller's projections check the arguments)
     check_grouped(x_sorted, expert_offsets, w, dx=False)
     return grouped_mma(x_sorted, expert_offsets, w, mma, up=w_up, lora=lora)
+
+
+def _decode_config(x: Tensor, w: PackedWeight, swiglu: bool = False) -> GemvConfig | None:
+    """grouped_mma's config for rows x of stacked experts w where the decode kernel serves (int4 on bf16 through the
+    packed-bf16 decoder, configs.pick_grouped_mma's batches), else None."""
+    return pick_grouped_mma(x, w, swiglu) if fast_int4(w, x.dtype) else None
 
 
 def _lora_served(lora: ExpertLora | None) -> bool:
@@ -121,8 +126,10 @@ def grouped_dequant_lora(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | Qu
                          packed: Mapping[str, Tensor], lora: ExpertLora, **fmt_kw) -> Tensor | None:
     """grouped_dequant_linear plus one projection's expert LoRA, lora.scale * B_e (A_e x), in two launches where the
     decode kernel serves (as grouped_dequant_swiglu); None elsewhere. Returns [T, N] in x_sorted.dtype."""
+    if not _lora_served(lora):
+        return None
     w = resolve(fmt, packed, stacked=True, **fmt_kw)
-    mma = pick_grouped_mma(x_sorted, w) if _lora_served(lora) and fast_int4(w, x_sorted.dtype) else None
+    mma = _decode_config(x_sorted, w)
     if mma is None:
         return None  # (the caller's path checks the arguments)
     check_grouped(x_sorted, expert_offsets, w, dx=False)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .configs import capability
+from .emulate import INTERPRETED
 
 try:  # griddepcontrol intrinsics (triton >= 3.5)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -72,7 +73,5 @@ def use_pdl(device: torch.device) -> bool:
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _CAPABLE:
-        from .gemm import INTERPRETED  # (here, not at import: gemm imports the kernels that import this module)
-
         _CAPABLE[idx] = _HAVE and not INTERPRETED and capability(device) >= (9, 0)
     return _CAPABLE[idx]

@@ -1,5 +1,7 @@
-"""Reference computations for the kernel tests: float64 dequantization and rounding-error bounds."""
+"""Reference computations for the kernel tests: float64 dequantization and rounding-error bounds; and the helpers
+the kernel test files share (the GPU marker, expert offsets)."""
 
+import pytest
 import torch
 
 from orbit_lightning.quant.formats import get_format
@@ -31,3 +33,13 @@ def assert_within(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> 
 def bits(x: torch.Tensor) -> torch.Tensor:
     """The bit patterns of a 16- or 32-bit float tensor, so that equality also tells signed zeros apart."""
     return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
+
+
+def gpu(test):
+    """Mark a test `gpu` and skip it without CUDA."""
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
+
+
+def expert_offsets(counts: list[int], dtype=torch.int32, device="cpu") -> torch.Tensor:
+    """[E + 1] offsets of rows sorted by expert, expert e holding counts[e] rows (grouped_gemm's contract)."""
+    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=dtype, device=device)

@@ -19,7 +19,7 @@ from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
+from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
 
 # (N, K): odd N (a partial last row tile; fp8's spans two 128-row scale blocks) and K not a multiple of
 # the 64-wide K tile used below (int4-g128: K = 384 is 6 tiles of 64 but 3 groups: tiles inside a group).
@@ -163,10 +163,6 @@ GPU_SHAPES = {"int4": (384, 1024), "int4-g128": (256, 1024), "fp8": (300, 1000),
               "nvfp4": (320, 768)}  # fmt: skip
 
 
-def _gpu(test):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
-
-
 def _cuda_tickets(n: int) -> torch.Tensor:
     return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
 
@@ -175,7 +171,7 @@ def _randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator("cuda").manual_seed(seed), device="cuda")
 
 
-@_gpu
+@gpu
 @pytest.mark.parametrize("fmt", list(GPU_SHAPES))
 @pytest.mark.parametrize("dot", [True, False])
 def test_gpu_bf16_against_fp64(fmt, dot):
@@ -193,7 +189,7 @@ def test_gpu_bf16_against_fp64(fmt, dot):
         assert_within(kernels.dequant_linear(x, fmt, packed), ref, matmul_bound(x, w, ref, 2.0**-8))
 
 
-@_gpu
+@gpu
 def test_gpu_tma_bf16_against_fp64_and_decoders_agree():
     packed, w = random_weight("int4", (384, 2048), seed=1, device="cuda")
     wk = resolve("int4", packed, stacked=False)
@@ -210,7 +206,7 @@ def test_gpu_tma_bf16_against_fp64_and_decoders_agree():
         assert torch.equal(y, generic)
 
 
-@_gpu
+@gpu
 def test_gpu_packed_decoder_is_bitwise_the_generic_one():
     # Same dequantized bf16 values in the same K order and the same mma sequence: identical bits.
     packed, _ = random_weight("int4", (512, 4096), seed=3, device="cuda")
@@ -222,7 +218,7 @@ def test_gpu_packed_decoder_is_bitwise_the_generic_one():
     assert torch.equal(outs[0], outs[1])
 
 
-@_gpu
+@gpu
 def test_gpu_decode_is_deterministic_and_graph_capturable():
     packed, w = random_weight("int4", (6144, 4096), seed=9, device="cuda")
     for m in (1, 16):

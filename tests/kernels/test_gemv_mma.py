@@ -19,7 +19,7 @@ from orbit_lightning.kernels.gemv_lora import LoraDelta
 from orbit_lightning.kernels.gemv_mma import warps_for
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
+from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
 from tests.kernels.test_gemv_lora import _adapters, _oracle
 
 
@@ -70,10 +70,6 @@ def test_mma_gemv_under_the_interpreter(case):
         assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-7))
 
 
-def _gpu(test):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
-
-
 def _tickets(n: int) -> torch.Tensor:
     return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
 
@@ -91,7 +87,7 @@ CASES = {  # name: (format, N, K, config)
 }
 
 
-@_gpu
+@gpu
 @pytest.mark.parametrize("case", list(CASES))
 def test_gpu_mma_gemv_matches_fp64_deterministically(case):
     fmt, n, k, cfg = CASES[case]
@@ -109,7 +105,7 @@ def test_gpu_mma_gemv_matches_fp64_deterministically(case):
         assert_within(y, split.double(), matmul_bound(x, w, ref, 2.0**-8))
 
 
-@_gpu
+@gpu
 def test_gpu_dispatch_lora_and_graph_replay():
     """int4_linear at M = 1 takes the mma kernel; three adapters ride in its launch (fp64 oracle, 2^-7 as in
     test_gemv_lora.py); a captured graph replays with new activations."""
@@ -134,7 +130,7 @@ def test_gpu_dispatch_lora_and_graph_replay():
         assert torch.equal(static_y, kernels.dequant_linear(static_x, "int4", packed, lora=delta))
 
 
-@_gpu
+@gpu
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_gpu_lora_in_the_launch_at_several_rows(m):
     n, k, ns = 3072, 2048, (2048, 512, 512)
@@ -150,7 +146,7 @@ def test_gpu_lora_in_the_launch_at_several_rows(m):
     assert torch.equal(gemv.gemv(x, wk, torch.empty_like(y), _MMA, _tickets, True, lora=delta), y)
 
 
-@_gpu
+@gpu
 def test_gpu_misaligned_or_strided_activations():
     """Rows off a 16-byte boundary take the tile kernels; aligned strided rows the mma kernel: both right."""
     packed, w = random_weight("int4", (256, 1024), seed=3, device="cuda")
@@ -162,7 +158,7 @@ def test_gpu_misaligned_or_strided_activations():
         assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
 
 
-@_gpu
+@gpu
 def test_gpu_timeline_stamps_change_no_result():
     from orbit_lightning.kernels.timeline import CYCLES, ENTRY_NS, EXIT_NS, SLOTS
 

@@ -6,17 +6,13 @@ import triton
 import triton.language as tl
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
+from tests.kernels.kernel_oracles import assert_within, expert_offsets, matmul_bound, random_weight
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels")
 
 # Expert 1 and 4 get no tokens, expert 3 a single one; expert 2 spans more than one 16-row tile.
 COUNTS = [3, 0, 19, 1, 0]
 SHAPES = {"int4": (40, 96), "fp8": (130, 72), "nvfp4": (24, 48)}  # (N, K); fp8: two scale-row blocks
-
-
-def _offsets(counts: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
 
 
 def _per_expert(a: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -37,12 +33,12 @@ def _find_tiles(offsets_ptr, out_ptr, num_experts, BM: tl.constexpr, E_POW2: tl.
 @pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
 def test_each_program_finds_its_tile_among_active_experts_only(offsets_dtype):
     out = torch.zeros(8, 3, dtype=torch.int64)
-    _find_tiles[(8,)](_offsets(COUNTS).to(offsets_dtype), out, len(COUNTS), BM=16, E_POW2=8)
+    _find_tiles[(8,)](expert_offsets(COUNTS).to(offsets_dtype), out, len(COUNTS), BM=16, E_POW2=8)
     # expert 0: rows 0..2 (1 tile); expert 2: rows 3..21 (2 tiles); expert 3: row 22; then past the last tile.
     assert out[:4].tolist() == [[0, 0, 3], [2, 3, 22], [2, 19, 22], [3, 22, 23]]
     assert (out[4:, 0] >= len(COUNTS)).all()
     one = torch.zeros(3, 3, dtype=torch.int64)  # a single expert (E_POW2 = 1)
-    _find_tiles[(3,)](_offsets([20]).to(offsets_dtype), one, 1, BM=16, E_POW2=1)
+    _find_tiles[(3,)](expert_offsets([20]).to(offsets_dtype), one, 1, BM=16, E_POW2=1)
     assert one[:2].tolist() == [[0, 0, 20], [0, 16, 20]] and one[2, 0] >= 1
 
 
@@ -52,7 +48,7 @@ def test_grouped_forward_and_dx(fmt, swap):
     n, k = SHAPES[fmt]
     packed, w = random_weight(fmt, (len(COUNTS), n, k), seed=11)
     gen = torch.Generator().manual_seed(12)
-    offsets = _offsets(COUNTS)
+    offsets = expert_offsets(COUNTS)
     t = sum(COUNTS)
     cfg = kernels.TileConfig(16, 32, 32, swap_ab=swap)
 

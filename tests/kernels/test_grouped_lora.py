@@ -11,17 +11,9 @@ import pytest
 import torch
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, random_weight
+from tests.kernels.kernel_oracles import assert_within, expert_offsets, gpu, random_weight
 
 cpu = pytest.mark.usefixtures("cpu_kernels")
-
-
-def _gpu(test):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
-
-
-def _offsets(counts: list[int], device="cpu") -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
 
 def _per_expert_a(x: torch.Tensor, a: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -37,7 +29,7 @@ def test_grouped_lora_a_matches_fp64(r, k):
     x = torch.randn(sum(counts), k, generator=gen)
     a = tuple(torch.randn(len(counts), r, k, generator=gen) for _ in range(2))
     for projections in (a[:1], a):
-        u = kernels.grouped_lora_a(x, _offsets(counts), projections)
+        u = kernels.grouped_lora_a(x, expert_offsets(counts), projections)
         assert u.shape == (sum(counts), len(projections), r)
         for j, a_j in enumerate(projections):
             ref = _per_expert_a(x, a_j, counts)
@@ -50,12 +42,12 @@ def test_grouped_lora_a_matches_fp64(r, k):
 def test_grouped_lora_a_rejects_mismatched_adapters():
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match="one or two A"):
-        kernels.grouped_lora_a(x, _offsets([4, 0]), (torch.randn(2, 8, 32),))
+        kernels.grouped_lora_a(x, expert_offsets([4, 0]), (torch.randn(2, 8, 32),))
     with pytest.raises(ValueError, match="one or two A"):
-        kernels.grouped_lora_a(x, _offsets([4, 0]), (torch.randn(2, 8, 64),) * 3)
-    assert kernels.grouped_lora_a(x[:0], _offsets([0, 0]), (torch.randn(2, 8, 64),)).shape == (0, 1, 8)
+        kernels.grouped_lora_a(x, expert_offsets([4, 0]), (torch.randn(2, 8, 64),) * 3)
+    assert kernels.grouped_lora_a(x[:0], expert_offsets([0, 0]), (torch.randn(2, 8, 64),)).shape == (0, 1, 8)
     with pytest.raises(ValueError, match="3 experts but expert_offsets has 3 entries"):
-        kernels.grouped_lora_a(x, _offsets([4, 0]), (torch.randn(3, 8, 64),))
+        kernels.grouped_lora_a(x, expert_offsets([4, 0]), (torch.randn(3, 8, 64),))
 
 
 @cpu
@@ -72,7 +64,7 @@ def test_the_decode_kernel_takes_ranks_up_to_its_limit_and_checks_the_experts(mo
         c for c in configs._GROUPED_MMA_NARROW if configs.mma_ok(w, c, stacked=True)))
     e, n, k = 2, 32, 256
     packed, _ = random_weight("int4", (e, n, k), seed=2)
-    x, offsets = torch.randn(3, k).bfloat16(), _offsets([1, 2])
+    x, offsets = torch.randn(3, k).bfloat16(), expert_offsets([1, 2])
     for r, served in ((16, True), (configs.GROUPED_MMA_MAX_RANK, True), (2 * configs.GROUPED_MMA_MAX_RANK, False)):
         lora = kernels.ExpertLora((torch.zeros(e, r, k).bfloat16(),), (torch.zeros(e, n, r).bfloat16(),), 1.0)
         out = kernels.grouped_dequant_lora(x, offsets, "int4", packed, lora)
@@ -110,7 +102,7 @@ def _epilogue_against_torch(r, device, rel, shape=(8, 96, 768), routings=([20, 0
     narrow = configs._GROUPED_MMA_NARROW[0]
     for counts in routings:
         x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
-        offsets = _offsets(counts, device)
+        offsets = expert_offsets(counts, device=device)
         lora = _lora(e, n, k, r, 2, seed=r, device=device)
         for cfg in (narrow, configs._GROUPED_MMA):  # one projection: one and two row tiles per warp
             one = kernels.ExpertLora(lora.a[:1], lora.b[:1], lora.scale)
@@ -131,13 +123,13 @@ def test_lora_epilogue_under_the_interpreter():
     _epilogue_against_torch(16, "cpu", 2.0**-5, shape=(4, 32, 256), routings=([9, 0, 1, 3],))
 
 
-@_gpu
+@gpu
 @pytest.mark.parametrize("r", [8, 16, 64])
 def test_gpu_lora_epilogue_matches_torchs_steps(r):
     _epilogue_against_torch(r, "cuda", 2.0**-7)
 
 
-@_gpu
+@gpu
 def test_gpu_lora_epilogue_rounds_as_torch_on_exact_inputs():
     """Bitwise LoraExperts.linear's steps where every sum is exact in fp32 whatever its order: small integers for x, A
     and B, int4 scales of 2^-4. Then only the roundings (of y, u, B u, the scaled delta and the sum) can differ, so
@@ -155,7 +147,7 @@ def test_gpu_lora_epilogue_rounds_as_torch_on_exact_inputs():
     def ints(*shape):
         return torch.randint(-2, 3, shape, generator=gen).to("cuda", torch.bfloat16)
 
-    x, offsets = ints(sum(counts), k), _offsets(counts, "cuda")
+    x, offsets = ints(sum(counts), k), expert_offsets(counts, device="cuda")
     lora = kernels.ExpertLora((ints(e, r, k),), (ints(e, n, r),), 0.3)
     for cfg in (configs._GROUPED_MMA_NARROW[0], configs._GROUPED_MMA):
         y = grouped_mma(x, offsets, wg, cfg, lora=lora)
@@ -227,6 +219,6 @@ def test_lora_experts_decode_plumbing_under_the_interpreter(monkeypatch):
     _lora_experts_decode("cpu", monkeypatch, 2.0**-4, experts=4, hidden=128, backward=False)  # (GPU test: backward)
 
 
-@_gpu
+@gpu
 def test_gpu_lora_experts_decode_through_the_kernel(monkeypatch):
     _lora_experts_decode("cuda", monkeypatch, 2.0**-5)

@@ -16,7 +16,7 @@ from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.grouped_mma import grouped_mma
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
+from tests.kernels.kernel_oracles import assert_within, expert_offsets, gpu, matmul_bound, random_weight
 
 
 def test_the_grouped_mma_kernel_reads_only_stacked_int4_in_whole_steps():
@@ -30,14 +30,6 @@ def test_the_grouped_mma_kernel_reads_only_stacked_int4_in_whole_steps():
         assert configs.mma_ok(resolve(fmt, packed, stacked=stacked), cfg, stacked=True) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (4, 48, 384), seed=0)
     assert configs.mma_ok(resolve("int4", packed, stacked=True), configs._GROUPED_MMA_NARROW[1], stacked=True)
-
-
-def _gpu(test):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
-
-
-def _routing(counts: list[int], dtype=torch.int32, device="cuda") -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=dtype, device=device)
 
 
 def _check(x, w, counts, y, rel=2.0**-8):
@@ -70,7 +62,7 @@ def _against_fp64(case, routing, device, rel):
     assert configs.mma_ok(wk, cfg, stacked=True)
     x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(4)).to(device, torch.bfloat16)
     for dtype in (torch.int32, torch.int64):
-        offsets = _routing(counts, dtype, device)
+        offsets = expert_offsets(counts, dtype, device)
         y = grouped_mma(x, offsets, wk, cfg)
         _check(x, w, counts, y, rel)
         assert torch.equal(y, grouped_mma(x, offsets, wk, cfg))
@@ -100,19 +92,19 @@ def test_swiglu_under_the_interpreter_is_the_projections_and_silu_mul():
     cfg = configs._GROUPED_MMA_NARROW[0]
     counts = [9, 0, 1, 3]
     x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(7)).bfloat16()
-    offsets = _routing(counts, device="cpu")
+    offsets = expert_offsets(counts)
     h = grouped_mma(x, offsets, wg, cfg, up=wu)
     assert torch.equal(h, kernels.silu_mul(grouped_mma(x, offsets, wg, cfg), grouped_mma(x, offsets, wu, cfg)))
 
 
-@_gpu
+@gpu
 @pytest.mark.parametrize("routing", list(ROUTINGS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_gpu_grouped_mma_matches_fp64_deterministically(case, routing):
     _against_fp64(case, routing, "cuda", 2.0**-8)
 
 
-@_gpu
+@gpu
 def test_gpu_decode_batches_take_the_mma_kernel_and_replay_in_a_graph():
     """grouped_dequant_linear sends a few rows per expert to grouped_mma (bitwise its result), more rows, a given
     config or batch-invariant mode to the tile kernel; a captured decode step replays with new rows and routing."""
@@ -121,7 +113,7 @@ def test_gpu_decode_batches_take_the_mma_kernel_and_replay_in_a_graph():
     wk = resolve("int4", packed, stacked=True)
     counts = [2, 0, 1, 0, 3, 0, 0, 2] * 2
     x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
-    offsets = _routing(counts)
+    offsets = expert_offsets(counts, device="cuda")
     cfg = configs.pick_grouped_mma(x, wk)
     assert cfg is not None
     y = kernels.grouped_dequant_linear(x, offsets, "int4", packed)
@@ -141,12 +133,12 @@ def test_gpu_decode_batches_take_the_mma_kernel_and_replay_in_a_graph():
         gen = torch.Generator("cuda").manual_seed(seed)
         static_x.copy_(torch.randn(x.shape, generator=gen, device="cuda").bfloat16())
         moved = counts[seed:] + counts[:seed]  # the same rows routed to other experts
-        static_offsets.copy_(_routing(moved))
+        static_offsets.copy_(expert_offsets(moved, device="cuda"))
         graph.replay()
         _check(static_x, w, moved, static_y)
 
 
-@_gpu
+@gpu
 @pytest.mark.parametrize("cfg", [0, 1])
 def test_gpu_swiglu_in_one_launch_is_bitwise_the_projections_and_silu_mul(cfg):
     cfg = configs._GROUPED_MMA_NARROW[cfg]
@@ -156,12 +148,12 @@ def test_gpu_swiglu_in_one_launch_is_bitwise_the_projections_and_silu_mul(cfg):
     wg, wu = resolve("int4", gate, stacked=True), resolve("int4", up, stacked=True)
     for counts in (ROUTINGS["mixed"], [1, 0, 0, 0, 0, 0, 0, 0]):
         x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
-        offsets = _routing(counts)
+        offsets = expert_offsets(counts, device="cuda")
         h = grouped_mma(x, offsets, wg, cfg, up=wu)
         assert torch.equal(h, kernels.silu_mul(grouped_mma(x, offsets, wg, cfg), grouped_mma(x, offsets, wu, cfg)))
 
 
-@_gpu
+@gpu
 def test_gpu_quant_experts_take_the_fused_swiglu_at_decode_only():
     """QuantExperts.swiglu: no autograd graph and a decode batch -> one launch (grouped_dequant_swiglu returns it);
     with a graph, or many rows, or batch-invariant mode -> the projections and silu_mul. The results agree within
@@ -174,7 +166,7 @@ def test_gpu_quant_experts_take_the_fused_swiglu_at_decode_only():
     gate, up = experts.packed("gate_proj"), experts.packed("up_proj")
     counts = [2, 0, 1, 0, 3, 0, 0, 2] * 2
     x = torch.randn(sum(counts), 512, device="cuda", dtype=torch.bfloat16)
-    offsets = _routing(counts)
+    offsets = expert_offsets(counts, device="cuda")
     fused = kernels.grouped_dequant_swiglu(x, offsets, "int4", gate, up)
     assert fused is not None
     with torch.no_grad():
@@ -184,8 +176,10 @@ def test_gpu_quant_experts_take_the_fused_swiglu_at_decode_only():
     assert unfused.grad_fn is not None  # the projections' autograd path, not the kernel (which has no backward)
     torch.testing.assert_close(unfused.detach(), fused, rtol=2**-6, atol=1e-3)
     fewer = {name: t[:8] for name, t in up.items()}  # an up projection of another shape is not read
-    assert kernels.grouped_dequant_swiglu(x[:3], _routing([3] + [0] * 15), "int4", gate, fewer) is None
+    three = expert_offsets([3] + [0] * 15, device="cuda")
+    assert kernels.grouped_dequant_swiglu(x[:3], three, "int4", gate, fewer) is None
     many = torch.randn(configs.GROUPED_MMA_ROWS * 16 + 1, 512, device="cuda", dtype=torch.bfloat16)
-    assert kernels.grouped_dequant_swiglu(many, _routing([many.shape[0]] + [0] * 15), "int4", gate, up) is None
+    all_in_one = expert_offsets([many.shape[0]] + [0] * 15, device="cuda")
+    assert kernels.grouped_dequant_swiglu(many, all_in_one, "int4", gate, up) is None
     with kernels.batch_invariant():
         assert kernels.grouped_dequant_swiglu(x, offsets, "int4", gate, up) is None

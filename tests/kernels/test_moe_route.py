@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from orbit_lightning import kernels
+from tests.kernels.kernel_oracles import gpu
 
 cpu = pytest.mark.usefixtures("cpu_kernels")
 
@@ -82,11 +83,7 @@ def test_softmax_topk_rejects_what_it_cannot_pick():
     assert w.shape == ids.shape == (0, 2)
 
 
-def _gpu(test):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
-
-
-@_gpu
+@gpu
 @pytest.mark.parametrize("e,k", [(128, 8), (60, 4), (384, 8), (512, 2)])
 def test_gpu_softmax_topk_matches_fp64(e, k):
     for t, dtype, out in ((1, torch.bfloat16, torch.bfloat16), (300, torch.bfloat16, torch.bfloat16),
@@ -135,6 +132,6 @@ def test_router_kernel_path_matches_torchs_and_backpropagates(monkeypatch):
     _router_paths("cpu", torch.float32, monkeypatch, force=True)
 
 
-@_gpu
+@gpu
 def test_gpu_router_kernel_path_matches_torchs_and_backpropagates(monkeypatch):
     _router_paths("cuda", torch.bfloat16, monkeypatch)
