@@ -1,0 +1,165 @@
+"""int4 x bf16 GEMM on Hopper's warpgroup MMA, for 17-128 activation rows (the rollout's decode batches).
+
+Why: Triton's tile kernel (gemm.py) decodes the weight tile in a blocked layout and converts it to the MMA operand
+layout through shared memory, and at M = 64-256 loses to cuBLAS on a bf16 weight four times its size
+(bench/RESULTS.md). Written in Gluon, this kernel controls every layout:
+
+- Swapped product: out^T [N, M] = W [N, K] x^T. The weight is wgmma's A operand, which may live in registers;
+  the activations are B, streamed by TMA into a STAGES-deep shared-memory ring (rows past M and K read zeros).
+- Each thread loads exactly the int4 words its A fragment needs, straight from global memory in the operand's own
+  layout: a k16 step of a row holds 16 values in two words, and lane t of a quad holds values 2t, 2t + 1 and
+  2t + 8, 2t + 9, i.e. byte t of each word. One `prmt` puts that byte's two nibbles 16 bits apart, and dequant.py's
+  bf16 instructions (lop3 into bf16 128 + n, fma by -136, fma by the scale) turn them into one bf16x2 register.
+  The values equal dequant.py's bit for bit. No layout conversion, no shared memory for the weight.
+- The next step's words and scales load one step ahead into registers; the K range may split over programs, whose
+  fp32 partials the last arriver sums in split order (gemm.py's scheme), so results do not depend on timing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .formats import PackedWeight
+
+# Byte t of the word ($2) and of the word shifted by 4 bits, by the prmt selector $3 = t | (t + 4) << 8, puts the
+# byte's low nibble (value 2p) at bit 0 and its high nibble (value 2p + 1) at bit 16; then dequant.py's decode.
+_PAIR_ASM = gl.constexpr("""
+{
+.reg .b32 w4, t, s2, one, off, nz;
+shr.u32 w4, $2, 4;
+prmt.b32 t, $2, w4, $3;
+lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
+mov.b32 one, 0x3F803F80;
+mov.b32 off, 0xC308C308;
+mov.b32 nz, 0x80008000;
+mov.b32 s2, {$4, $4};
+fma.rn.bf16x2 t, t, one, off;
+fma.rn.bf16x2 t, t, s2, nz;
+mov.b32 {$0, $1}, t;
+}
+""")
+
+
+@gluon.jit
+def _step_scales(s_ptr, s_offs, row_ok, k0, pairs, GROUP: gl.constexpr, BK: gl.constexpr):
+    """bf16 [BN, BK // 2]: the scale of each value pair of a K step, from one load per row and scale group."""
+    first = gl.expand_dims(gl.load(s_ptr + k0 // GROUP + s_offs, mask=row_ok, other=0.0), 1)
+    out = first + gl.expand_dims(pairs * 0, 0).to(gl.bfloat16)
+    if GROUP < BK:  # several groups per step: pair p belongs to group (k0 + 2p) // GROUP
+        for g in gl.static_range(1, BK // GROUP):
+            sg = gl.expand_dims(gl.load(s_ptr + k0 // GROUP + g + s_offs, mask=row_ok, other=0.0), 1)
+            out = gl.where(gl.expand_dims(pairs * 2 >= g * GROUP, 0), sg, out)
+    return out
+
+
+@gluon.jit
+def _wgmma_int4_kernel(x_desc, w_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
+                       M, N, K, k_per_split, n_splits, stride_wn, stride_sn, stride_om,
+                       GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
+                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+    pid_n = gl.program_id(0)
+    split = gl.program_id(1)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    # [BN, BK // 2] value pairs: a 32-bit operand's layout, so pair p of a row sits where values 2p, 2p + 1 do in
+    # a_layout.
+    pair_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
+
+    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, pair_layout))
+    pairs = gl.arange(0, BK // 2, layout=gl.SliceLayout(0, pair_layout))
+    byte = pairs % 4
+    sel = gl.expand_dims(byte | ((byte + 4) << 8), 0)
+    row_ok = rows < N
+    # int32 offsets (the host checks N * K / 8 < 2**31): 64-bit pointers per element would double the registers.
+    w_offs = gl.expand_dims(rows * stride_wn, 1) + gl.expand_dims(pairs // 4, 0)
+    w_mask = gl.expand_dims(row_ok, 1) & gl.expand_dims(pairs >= 0, 0)
+    s_offs = rows * stride_sn
+
+    k_lo = split * k_per_split
+    k_hi = gl.minimum(k_lo + k_per_split, K)
+    n_steps = gl.cdiv(k_hi - k_lo, BK)
+
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    for s in gl.static_range(STAGES - 1):
+        mbarrier.expect(bars.index(s), x_desc.block_type.nbytes, pred=s < n_steps)
+        tma.async_copy_global_to_shared(x_desc, [0, k_lo + s * BK], bars.index(s), x_smem.index(s),
+                                        pred=s < n_steps)
+
+    acc = gl.zeros([BN, BM], gl.float32, acc_layout)
+    words = gl.load(w_ptr + k_lo // 8 + w_offs, mask=w_mask, other=0)
+    scales = _step_scales(s_ptr, s_offs, row_ok, k_lo, pairs, GROUP, BK)
+    for i in range(n_steps):
+        k_next = k_lo + (i + 1) * BK
+        more = i + 1 < n_steps
+        words_next = gl.load(w_ptr + k_next // 8 + w_offs, mask=w_mask & more, other=0)
+        scales_next = _step_scales(s_ptr, s_offs, row_ok & more, k_next, pairs, GROUP, BK)
+        # Every warp finished the previous step's MMA (synchronous), so its slot may be refilled.
+        gl.thread_barrier()
+        j = i + STAGES - 1
+        mbarrier.expect(bars.index(j % STAGES), x_desc.block_type.nbytes, pred=j < n_steps)
+        tma.async_copy_global_to_shared(x_desc, [0, k_lo + j * BK], bars.index(j % STAGES),
+                                        x_smem.index(j % STAGES), pred=j < n_steps)
+        lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
+                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+        a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
+        mbarrier.wait(bars.index(i % STAGES), (i // STAGES) & 1)
+        acc = warpgroup_mma(a, x_smem.index(i % STAGES).permute((1, 0)), acc)
+        words = words_next
+        scales = scales_next
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(s))
+
+    # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
+    # are [M, N] row-major, so n is the contiguous side of the transposed tile.
+    io_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[32, 1],
+                                               warps_per_cta=[1, num_warps], order=[0, 1])
+    acc = gl.convert_layout(acc, io_layout)
+    ns = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, io_layout))
+    ms = gl.arange(0, BM, layout=gl.SliceLayout(0, io_layout))
+    mask = gl.expand_dims(ns < N, 1) & gl.expand_dims(ms < M, 0)
+    out_offs = gl.expand_dims(ms * stride_om, 0) + gl.expand_dims(ns, 1)
+    if SPLIT:
+        # Partials in ws [n_splits, M, N] fp32 (int32 offsets: the host checks n_splits * M * N < 2**31).
+        part_offs = gl.expand_dims(ms * N, 0) + gl.expand_dims(ns, 1)
+        gl.store(ws_ptr + split * M * N + part_offs, acc, mask=mask)
+        gl.thread_barrier()
+        ticket = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if ticket == n_splits - 1:
+            total = gl.zeros([BN, BM], gl.float32, io_layout)
+            for t in range(n_splits):  # fixed order: the sum does not depend on arrival order
+                total += gl.load(ws_ptr + t * M * N + part_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            gl.store(out_ptr + out_offs, total.to(gl.bfloat16), mask=mask)
+            gl.atomic_xchg(cnt_ptr + pid_n, 0)
+    else:
+        gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
+
+def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 128, block_k: int = 64,
+               stages: int = 4, num_warps: int = 8, split: int = 0) -> Tensor:
+    """out[M, N] = x[M, K] @ W^T for int4 W on bf16 x, M <= 128, K % block_k == 0."""
+    m, k = x.shape
+    bm = max(16, triton.next_power_of_2(m))
+    n_tiles = triton.cdiv(w.n, block_n)
+    if split == 0:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        split = max(1, min(k // block_k, (2 * sms) // n_tiles))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    layout = gl.NVMMASharedLayout.get_default_for([bm, block_k], gl.bfloat16)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, block_k], layout)
+    ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
+    cnt = tickets(n_tiles) if split > 1 else out
+    _wgmma_int4_kernel[(n_tiles, split)](
+        x_desc, w.values, w.scale, out, ws, cnt, m, w.n, k, k_per_split, split,
+        w.values.stride(0), w.scale.stride(0), out.stride(0),
+        GROUP=w.group, BN=block_n, BM=bm, BK=block_k, STAGES=stages, SPLIT=split > 1, num_warps=num_warps)
+    return out
