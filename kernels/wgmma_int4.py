@@ -121,7 +121,7 @@ def _wgmma_int4_kernel(x_desc, w_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
 
     # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
     # are [M, N] row-major, so n is the contiguous side of the transposed tile.
-    io_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[32, 1],
+    io_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[BN // 4, 128 // BN],
                                                warps_per_cta=[1, num_warps], order=[0, 1])
     acc = gl.convert_layout(acc, io_layout)
     ns = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, io_layout))
