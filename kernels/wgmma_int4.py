@@ -22,7 +22,7 @@ import triton
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .formats import PackedWeight
@@ -46,21 +46,34 @@ mov.b32 {$0, $1}, t;
 """)
 
 
+@gluon.constexpr_function
+def _word_layout(BN, BK, num_warps):
+    """The layout of a step's words [BN, BK // 8] expanded by the byte index t = 0..3 to [BN, BK // 8, 4]: lane t of
+    a quad takes byte t of every word it holds, which flattened (pair p = 4 * word + t) is the A operand's layout for
+    32-bit values (DotOperandLayout k_width 1), where pair p sits where values 2p, 2p + 1 do for bf16. One warp per 16
+    rows (BN = 16 * num_warps); registers: row + 8, then the words; lanes: t, then rows; warps: rows."""
+    regs = [[8, 0, 0]] + [[0, 1 << i, 0] for i in range((BK // 8).bit_length() - 1)]
+    lanes = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warps = [[16 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                      shape=[BN, BK // 8, 4])
+
+
 @gluon.jit
-def _step_scales(s_ptr, s_offs, row_ok, k0, pairs, GROUP: gl.constexpr, BK: gl.constexpr):
-    """bf16 [BN, BK // 2]: the scale of each value pair of a K step, from one load per row and scale group."""
-    first = gl.expand_dims(gl.load(s_ptr + k0 // GROUP + s_offs, mask=row_ok, other=0.0), 1)
-    out = first + gl.expand_dims(pairs * 0, 0).to(gl.bfloat16)
-    if GROUP < BK:  # several groups per step: pair p belongs to group (k0 + 2p) // GROUP
+def _step_scales(s_ptr, s_offs, row_ok, k0, words_idx, GROUP: gl.constexpr, BK: gl.constexpr):
+    """bf16 [BN, BK // 8, 1]: the scale of each word of a K step, from one load per row and scale group."""
+    out = gl.expand_dims(gl.expand_dims(gl.load(s_ptr + k0 // GROUP + s_offs, mask=row_ok, other=0.0), 1), 2)
+    if GROUP < BK:  # several groups per step: word c belongs to group (k0 + 8c) // GROUP
         for g in gl.static_range(1, BK // GROUP):
-            sg = gl.expand_dims(gl.load(s_ptr + k0 // GROUP + g + s_offs, mask=row_ok, other=0.0), 1)
-            out = gl.where(gl.expand_dims(pairs * 2 >= g * GROUP, 0), sg, out)
+            sg = gl.expand_dims(gl.expand_dims(gl.load(s_ptr + k0 // GROUP + g + s_offs, mask=row_ok, other=0.0),
+                                               1), 2)
+            out = gl.where(words_idx * 8 >= g * GROUP, sg, out)
     return out
 
 
 @gluon.jit
-def _wgmma_int4_kernel(x_desc, w_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
-                       M, N, K, k_per_split, n_splits, stride_wn, stride_sn, stride_om,
+def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
+                       M, N, K, k_per_split, n_splits, stride_sn, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
@@ -68,53 +81,56 @@ def _wgmma_int4_kernel(x_desc, w_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    # [BN, BK // 2] value pairs: a 32-bit operand's layout, so pair p of a row sits where values 2p, 2p + 1 do in
-    # a_layout.
     pair_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
+    w3: gl.constexpr = _word_layout(BN, BK, num_warps)
+    words_layout: gl.constexpr = gl.SliceLayout(2, w3)
 
-    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, pair_layout))
-    pairs = gl.arange(0, BK // 2, layout=gl.SliceLayout(0, pair_layout))
-    byte = pairs % 4
-    sel = gl.expand_dims(byte | ((byte + 4) << 8), 0)
+    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, words_layout))
     row_ok = rows < N
-    # int32 offsets (the host checks N * K / 8 < 2**31): 64-bit pointers per element would double the registers.
-    w_offs = gl.expand_dims(rows * stride_wn, 1) + gl.expand_dims(pairs // 4, 0)
-    w_mask = gl.expand_dims(row_ok, 1) & gl.expand_dims(pairs >= 0, 0)
     s_offs = rows * stride_sn
+    byte = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, w3)))
+    sel = gl.expand_dims(gl.expand_dims(byte | ((byte + 4) << 8), 0), 0)  # [1, 1, 4]: the prmt selector
+    words_idx = gl.expand_dims(gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, words_layout)), 0), 2)
 
     k_lo = split * k_per_split
     k_hi = gl.minimum(k_lo + k_per_split, K)
     n_steps = gl.cdiv(k_hi - k_lo, BK)
 
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(bars.index(s), count=1)
-    for s in gl.static_range(STAGES - 1):
-        mbarrier.expect(bars.index(s), x_desc.block_type.nbytes, pred=s < n_steps)
-        tma.async_copy_global_to_shared(x_desc, [0, k_lo + s * BK], bars.index(s), x_smem.index(s),
+    step_bytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
+    for s in gl.static_range(STAGES):
+        mbarrier.expect(bars.index(s), step_bytes, pred=s < n_steps)
+        tma.async_copy_global_to_shared(x_desc, [0, k_lo + s * BK], bars.index(s), x_smem.index(s), pred=s < n_steps)
+        tma.async_copy_global_to_shared(w_desc, [pid_n * BN, (k_lo + s * BK) // 8], bars.index(s), w_smem.index(s),
                                         pred=s < n_steps)
 
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
-    words = gl.load(w_ptr + k_lo // 8 + w_offs, mask=w_mask, other=0)
-    scales = _step_scales(s_ptr, s_offs, row_ok, k_lo, pairs, GROUP, BK)
+    scales = _step_scales(s_ptr, s_offs, row_ok, k_lo, words_idx, GROUP, BK)
     for i in range(n_steps):
+        slot = i % STAGES
         k_next = k_lo + (i + 1) * BK
-        more = i + 1 < n_steps
-        words_next = gl.load(w_ptr + k_next // 8 + w_offs, mask=w_mask & more, other=0)
-        scales_next = _step_scales(s_ptr, s_offs, row_ok & more, k_next, pairs, GROUP, BK)
-        # Every warp finished the previous step's MMA (synchronous), so its slot may be refilled.
-        gl.thread_barrier()
-        j = i + STAGES - 1
-        mbarrier.expect(bars.index(j % STAGES), x_desc.block_type.nbytes, pred=j < n_steps)
-        tma.async_copy_global_to_shared(x_desc, [0, k_lo + j * BK], bars.index(j % STAGES),
-                                        x_smem.index(j % STAGES), pred=j < n_steps)
+        scales_next = _step_scales(s_ptr, s_offs, row_ok & (i + 1 < n_steps), k_next, words_idx, GROUP, BK)
+        mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+        words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
         lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
                                            dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+        lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
+        hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
         a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
-        mbarrier.wait(bars.index(i % STAGES), (i // STAGES) & 1)
-        acc = warpgroup_mma(a, x_smem.index(i % STAGES).permute((1, 0)), acc)
-        words = words_next
+        acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
+        # Every warp is done with this slot (its MMA is synchronous): refill it with step i + STAGES.
+        gl.thread_barrier()
+        fence_async_shared()
+        j = i + STAGES
+        mbarrier.expect(bars.index(slot), step_bytes, pred=j < n_steps)
+        tma.async_copy_global_to_shared(x_desc, [0, k_lo + j * BK], bars.index(slot), x_smem.index(slot),
+                                        pred=j < n_steps)
+        tma.async_copy_global_to_shared(w_desc, [pid_n * BN, (k_lo + j * BK) // 8], bars.index(slot),
+                                        w_smem.index(slot), pred=j < n_steps)
         scales = scales_next
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
@@ -154,12 +170,14 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 
         split = max(1, min(k // block_k, (2 * sms) // n_tiles))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
-    layout = gl.NVMMASharedLayout.get_default_for([bm, block_k], gl.bfloat16)
-    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, block_k], layout)
+    x_layout = gl.NVMMASharedLayout.get_default_for([bm, block_k], gl.bfloat16)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, block_k], x_layout)
+    w_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k // 8], gl.int32)
+    w_desc = TensorDescriptor(w.values, list(w.values.shape), list(w.values.stride()), [block_n, block_k // 8],
+                              w_layout)
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = tickets(n_tiles) if split > 1 else out
     _wgmma_int4_kernel[(n_tiles, split)](
-        x_desc, w.values, w.scale, out, ws, cnt, m, w.n, k, k_per_split, split,
-        w.values.stride(0), w.scale.stride(0), out.stride(0),
+        x_desc, w_desc, w.scale, out, ws, cnt, m, w.n, k, k_per_split, split, w.scale.stride(0), out.stride(0),
         GROUP=w.group, BN=block_n, BM=bm, BK=block_k, STAGES=stages, SPLIT=split > 1, num_warps=num_warps)
     return out
