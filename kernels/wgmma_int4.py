@@ -22,7 +22,8 @@ import triton
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .formats import PackedWeight
@@ -72,12 +73,24 @@ def _step_scales(s_ptr, s_offs, row_ok, k0, words_idx, GROUP: gl.constexpr, BK: 
 
 
 @gluon.jit
-def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
-                       M, N, K, k_per_split, n_splits, stride_sn, stride_om,
-                       GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
-    pid_n = gl.program_id(0)
-    split = gl.program_id(1)
+def _load_partition(x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps,
+                    BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: TMA loads of each step's activations and words into the ring, as slots come free."""
+    for i in range(n_steps):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # (fresh barriers count as released)
+        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [0, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
+        tma.async_copy_global_to_shared(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], ready.index(slot),
+                                        w_smem.index(slot))
+
+
+@gluon.jit
+def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
+                   GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
+                   STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """The kernel's warps: decode each step's words into wgmma's register operand and multiply, one MMA in flight
+    while the next step decodes."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -92,48 +105,57 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
     sel = gl.expand_dims(gl.expand_dims(byte | ((byte + 4) << 8), 0), 0)  # [1, 1, 4]: the prmt selector
     words_idx = gl.expand_dims(gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, words_layout)), 0), 2)
 
-    k_lo = split * k_per_split
-    k_hi = gl.minimum(k_lo + k_per_split, K)
-    n_steps = gl.cdiv(k_hi - k_lo, BK)
-
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(bars.index(s), count=1)
-    step_bytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
-    for s in gl.static_range(STAGES):
-        mbarrier.expect(bars.index(s), step_bytes, pred=s < n_steps)
-        tma.async_copy_global_to_shared(x_desc, [0, k_lo + s * BK], bars.index(s), x_smem.index(s), pred=s < n_steps)
-        tma.async_copy_global_to_shared(w_desc, [pid_n * BN, (k_lo + s * BK) // 8], bars.index(s), w_smem.index(s),
-                                        pred=s < n_steps)
-
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
+    a_prev = gl.zeros([BN, BK], gl.bfloat16, a_layout)
     scales = _step_scales(s_ptr, s_offs, row_ok, k_lo, words_idx, GROUP, BK)
     for i in range(n_steps):
         slot = i % STAGES
-        k_next = k_lo + (i + 1) * BK
-        scales_next = _step_scales(s_ptr, s_offs, row_ok & (i + 1 < n_steps), k_next, words_idx, GROUP, BK)
-        mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+        scales_next = _step_scales(s_ptr, s_offs, row_ok & (i + 1 < n_steps), k_lo + (i + 1) * BK, words_idx,
+                                   GROUP, BK)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
         lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
                                            dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
         lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
         hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
         a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
-        acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
-        # Every warp is done with this slot (its MMA is synchronous): refill it with step i + STAGES.
-        gl.thread_barrier()
-        fence_async_shared()
-        j = i + STAGES
-        mbarrier.expect(bars.index(slot), step_bytes, pred=j < n_steps)
-        tma.async_copy_global_to_shared(x_desc, [0, k_lo + j * BK], bars.index(slot), x_smem.index(slot),
-                                        pred=j < n_steps)
-        tma.async_copy_global_to_shared(w_desc, [pid_n * BN, (k_lo + j * BK) // 8], bars.index(slot),
-                                        w_smem.index(slot), pred=j < n_steps)
+        acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
+        # The previous step's MMA is done: its registers (kept alive through deps) and its slot are free.
+        acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+        fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
+        a_prev = a
         scales = scales_next
+    acc, a_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_prev))
+    return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
+
+
+@gluon.jit
+def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
+                       M, N, K, k_per_split, n_splits, stride_sn, stride_om,
+                       GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
+                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+    pid_n = gl.program_id(0)
+    split = gl.program_id(1)
+    k_lo = split * k_per_split
+    n_steps = gl.cdiv(gl.minimum(k_lo + k_per_split, K) - k_lo, BK)
+
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(s))
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    results = gl.warp_specialize([
+        (_mma_partition, (x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
+                          GROUP, BN, BM, BK, STAGES, num_warps)),
+        (_load_partition, (x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps, BN, BK, STAGES)),
+    ], [1], [24])
+    acc = results[0]
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
 
     # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
     # are [M, N] row-major, so n is the contiguous side of the transposed tile.
@@ -160,7 +182,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
         gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
 
 def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 128, block_k: int = 64,
-               stages: int = 4, num_warps: int = 8, split: int = 0) -> Tensor:
+               stages: int = 4, num_warps: int = 8, split: int = 0, maxnreg: int = 128) -> Tensor:
     """out[M, N] = x[M, K] @ W^T for int4 W on bf16 x, M <= 128, K % block_k == 0."""
     m, k = x.shape
     bm = max(16, triton.next_power_of_2(m))
@@ -179,5 +201,6 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 
     cnt = tickets(n_tiles) if split > 1 else out
     _wgmma_int4_kernel[(n_tiles, split)](
         x_desc, w_desc, w.scale, out, ws, cnt, m, w.n, k, k_per_split, split, w.scale.stride(0), out.stride(0),
-        GROUP=w.group, BN=block_n, BM=bm, BK=block_k, STAGES=stages, SPLIT=split > 1, num_warps=num_warps)
+        GROUP=w.group, BN=block_n, BM=bm, BK=block_k, STAGES=stages, SPLIT=split > 1, num_warps=num_warps,
+        maxnreg=maxnreg)
     return out
