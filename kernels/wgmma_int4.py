@@ -88,7 +88,7 @@ def _load_partition(x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n
 @gluon.jit
 def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                   STAGES: gl.constexpr, num_warps: gl.constexpr):
+                   STAGES: gl.constexpr, num_warps: gl.constexpr, DBG: gl.constexpr):
     """The kernel's warps: decode each step's words into wgmma's register operand and multiply, one MMA in flight
     while the next step decodes."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -110,8 +110,11 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
     scales = _step_scales(s_ptr, s_offs, row_ok, k_lo, words_idx, GROUP, BK)
     for i in range(n_steps):
         slot = i % STAGES
-        scales_next = _step_scales(s_ptr, s_offs, row_ok & (i + 1 < n_steps), k_lo + (i + 1) * BK, words_idx,
-                                   GROUP, BK)
+        if DBG == 1:
+            scales_next = scales
+        else:
+            scales_next = _step_scales(s_ptr, s_offs, row_ok & (i + 1 < n_steps), k_lo + (i + 1) * BK, words_idx,
+                                       GROUP, BK)
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
         lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
@@ -134,7 +137,8 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
 def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
                        M, N, K, k_per_split, n_splits, stride_sn, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
+                       DBG: gl.constexpr = 0):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
@@ -149,7 +153,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
         mbarrier.init(empty.index(s), count=1)
     results = gl.warp_specialize([
         (_mma_partition, (x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
-                          GROUP, BN, BM, BK, STAGES, num_warps)),
+                          GROUP, BN, BM, BK, STAGES, num_warps, DBG)),
         (_load_partition, (x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps, BN, BK, STAGES)),
     ], [1], [24])
     acc = results[0]
@@ -182,7 +186,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
         gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
 
 def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 128, block_k: int = 64,
-               stages: int = 4, num_warps: int = 8, split: int = 0, maxnreg: int = 128) -> Tensor:
+               stages: int = 4, num_warps: int = 8, split: int = 0, maxnreg: int = 128, dbg: int = 0) -> Tensor:
     """out[M, N] = x[M, K] @ W^T for int4 W on bf16 x, M <= 128, K % block_k == 0."""
     m, k = x.shape
     bm = max(16, triton.next_power_of_2(m))
@@ -202,5 +206,5 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 
     _wgmma_int4_kernel[(n_tiles, split)](
         x_desc, w_desc, w.scale, out, ws, cnt, m, w.n, k, k_per_split, split, w.scale.stride(0), out.stride(0),
         GROUP=w.group, BN=block_n, BM=bm, BK=block_k, STAGES=stages, SPLIT=split > 1, num_warps=num_warps,
-        maxnreg=maxnreg)
+        maxnreg=maxnreg, DBG=dbg)
     return out
