@@ -60,16 +60,35 @@ def _word_layout(BN, BK, num_warps):
                                       shape=[BN, BK // 8, 4])
 
 
+@gluon.constexpr_function
+def _scale_layout(BN, GPS, WPG, num_warps):
+    """[BN, GPS, WPG]: a step's GPS scale groups of WPG words each, laid out so that dropping WPG gives the loaded
+    scales [BN, GPS] (each thread's rows, all their groups in registers) and flattening (GPS, WPG) gives the words'
+    layout (SliceLayout(2, _word_layout)), so broadcasting a scale over its words moves nothing."""
+    regs = [[8, 0, 0]] + [[0, 0, 1 << i] for i in range(WPG.bit_length() - 1)]
+    regs += [[0, 1 << i, 0] for i in range(GPS.bit_length() - 1)]
+    lanes = [[0, 0, 0], [0, 0, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warps = [[16 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                      shape=[BN, GPS, WPG])
+
+
 @gluon.jit
-def _step_scales(s_ptr, s_offs, row_ok, k0, words_idx, GROUP: gl.constexpr, BK: gl.constexpr):
-    """bf16 [BN, BK // 8, 1]: the scale of each word of a K step, from one load per row and scale group."""
-    out = gl.expand_dims(gl.expand_dims(gl.load(s_ptr + k0 // GROUP + s_offs, mask=row_ok, other=0.0), 1), 2)
-    if GROUP < BK:  # several groups per step: word c belongs to group (k0 + 8c) // GROUP
-        for g in gl.static_range(1, BK // GROUP):
-            sg = gl.expand_dims(gl.expand_dims(gl.load(s_ptr + k0 // GROUP + g + s_offs, mask=row_ok, other=0.0),
-                                               1), 2)
-            out = gl.where(words_idx * 8 >= g * GROUP, sg, out)
-    return out
+def _load_scales(s_ptr, s_offs, row_ok, k0, GROUP: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr,
+                 layout: gl.constexpr):
+    """bf16 [BN, GPS]: the scales of one K step's GPS groups, each thread's rows with all their groups."""
+    groups = gl.arange(0, GPS, layout=gl.SliceLayout(0, layout))
+    ptrs = s_ptr + gl.expand_dims(s_offs, 1) + gl.expand_dims(k0 // GROUP + groups, 0)
+    return gl.load(ptrs, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(groups >= 0, 0), other=0.0)
+
+
+@gluon.jit
+def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, WPG: gl.constexpr,
+                 l3: gl.constexpr, words_layout: gl.constexpr):
+    """bf16 [BN, BK // 8, 1]: each word's scale, broadcast from the step's [BN, GPS] in registers."""
+    zero = gl.full([BN, GPS, WPG], 0.0, gl.bfloat16, l3)
+    full = gl.reshape(gl.expand_dims(scales, 2) + zero, [BN, BK // 8])
+    return gl.expand_dims(gl.convert_layout(full, words_layout, assert_trivial=True), 2)
 
 
 @gluon.jit
@@ -98,23 +117,26 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
     w3: gl.constexpr = _word_layout(BN, BK, num_warps)
     words_layout: gl.constexpr = gl.SliceLayout(2, w3)
 
-    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, words_layout))
-    row_ok = rows < N
-    s_offs = rows * stride_sn
     byte = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, w3)))
     sel = gl.expand_dims(gl.expand_dims(byte | ((byte + 4) << 8), 0), 0)  # [1, 1, 4]: the prmt selector
-    words_idx = gl.expand_dims(gl.expand_dims(gl.arange(0, BK // 8, layout=gl.SliceLayout(0, words_layout)), 0), 2)
+    GPS: gl.constexpr = BK // GROUP if BK > GROUP else 1  # scale groups per step
+    WPG: gl.constexpr = BK // 8 // GPS  # words per group within a step
+    l3s: gl.constexpr = _scale_layout(BN, GPS, WPG, num_warps)
+    s_layout: gl.constexpr = gl.SliceLayout(2, l3s)
+    s_rows = gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
+    s_offs = (pid_n * BN + s_rows) * stride_sn
+    s_ok = pid_n * BN + s_rows < N
 
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
     a_prev = gl.zeros([BN, BK], gl.bfloat16, a_layout)
-    scales = _step_scales(s_ptr, s_offs, row_ok, k_lo, words_idx, GROUP, BK)
+    # Scales are too small per row for TMA; they load into registers three steps ahead of their use.
+    s0 = _load_scales(s_ptr, s_offs, s_ok, k_lo, GROUP, BK, GPS, s_layout)
+    s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, GROUP, BK, GPS, s_layout)
+    s2 = _load_scales(s_ptr, s_offs, s_ok & (2 < n_steps), k_lo + 2 * BK, GROUP, BK, GPS, s_layout)
     for i in range(n_steps):
         slot = i % STAGES
-        if DBG == 1:
-            scales_next = scales
-        else:
-            scales_next = _step_scales(s_ptr, s_offs, row_ok & (i + 1 < n_steps), k_lo + (i + 1) * BK, words_idx,
-                                       GROUP, BK)
+        s3 = _load_scales(s_ptr, s_offs, s_ok & (i + 3 < n_steps), k_lo + (i + 3) * BK, GROUP, BK, GPS, s_layout)
+        scales = _word_scales(s0, BN, BK, GPS, WPG, l3s, words_layout)
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
         lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
@@ -128,7 +150,9 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
         fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
         a_prev = a
-        scales = scales_next
+        s0 = s1
+        s1 = s2
+        s2 = s3
     acc, a_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_prev))
     return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
 
