@@ -92,35 +92,24 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 
 
 @gluon.jit
-def _load_partition(x_desc, w_desc, x_smem, w_smem, bars, pid_n, k_lo, n_steps,
-                    BN: gl.constexpr, BK: gl.constexpr, W_STAGES: gl.constexpr, X_STAGES: gl.constexpr):
-    """One warp: TMA loads into the two rings as their slots come free. The weights stream from HBM, so their ring
-    is deep; the activations come from L2 (every program reads the same x), so theirs is shallow, and their loads
-    trail the weights' by W_STAGES - X_STAGES steps."""
-    w_ready, w_empty, x_ready, x_empty = bars
-    LAG: gl.constexpr = W_STAGES - X_STAGES
-    for i in range(n_steps + LAG):
-        if i < n_steps:
-            slot = i % W_STAGES
-            mbarrier.wait(w_empty.index(slot), ((i // W_STAGES) & 1) ^ 1)  # (fresh barriers count as released)
-            mbarrier.expect(w_ready.index(slot), w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], w_ready.index(slot),
-                                            w_smem.index(slot))
-        j = i - LAG
-        if j >= 0:
-            slot = j % X_STAGES
-            mbarrier.wait(x_empty.index(slot), ((j // X_STAGES) & 1) ^ 1)
-            mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [0, k_lo + j * BK], x_ready.index(slot), x_smem.index(slot))
+def _load_partition(x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps,
+                    BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: TMA loads of each step's activations and words into the ring, as slots come free."""
+    for i in range(n_steps):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # (fresh barriers count as released)
+        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [0, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
+        tma.async_copy_global_to_shared(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], ready.index(slot),
+                                        w_smem.index(slot))
 
 
 @gluon.jit
-def _mma_partition(x_smem, w_smem, bars, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
+def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                   W_STAGES: gl.constexpr, X_STAGES: gl.constexpr, num_warps: gl.constexpr):
+                   STAGES: gl.constexpr, num_warps: gl.constexpr, DBG: gl.constexpr):
     """The kernel's warps: decode each step's words into wgmma's register operand and multiply, one MMA in flight
     while the next step decodes."""
-    w_ready, w_empty, x_ready, x_empty = bars
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -145,24 +134,21 @@ def _mma_partition(x_smem, w_smem, bars, s_ptr, pid_n, k_lo, n_steps, N, stride_
     s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, GROUP, BK, GPS, s_layout)
     s2 = _load_scales(s_ptr, s_offs, s_ok & (2 < n_steps), k_lo + 2 * BK, GROUP, BK, GPS, s_layout)
     for i in range(n_steps):
+        slot = i % STAGES
         s3 = _load_scales(s_ptr, s_offs, s_ok & (i + 3 < n_steps), k_lo + (i + 3) * BK, GROUP, BK, GPS, s_layout)
         scales = _word_scales(s0, BN, BK, GPS, WPG, l3s, words_layout)
-        w_slot = i % W_STAGES
-        mbarrier.wait(w_ready.index(w_slot), (i // W_STAGES) & 1)
-        words = gl.expand_dims(w_smem.index(w_slot).load(words_layout), 2)
-        fence_async_shared()  # (read by ordinary loads; the slot's next fill is by TMA)
-        mbarrier.arrive(w_empty.index(w_slot))
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
         lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
                                            dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
         lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
         hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
         a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
-        x_slot = i % X_STAGES
-        mbarrier.wait(x_ready.index(x_slot), (i // X_STAGES) & 1)
-        acc = warpgroup_mma(a, x_smem.index(x_slot).permute((1, 0)), acc, is_async=True)
-        # The previous step's MMA is done: its registers (kept alive through deps) and its x slot are free.
+        acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
+        # The previous step's MMA is done: its registers (kept alive through deps) and its slot are free.
         acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
-        mbarrier.arrive(x_empty.index((i + X_STAGES - 1) % X_STAGES), pred=i > 0)
+        fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
         a_prev = a
         s0 = s1
         s1 = s2
@@ -175,39 +161,29 @@ def _mma_partition(x_smem, w_smem, bars, s_ptr, pid_n, k_lo, n_steps, N, stride_
 def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
                        M, N, K, k_per_split, n_splits, stride_sn, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                       W_STAGES: gl.constexpr, X_STAGES: gl.constexpr, SPLIT: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
+                       DBG: gl.constexpr = 0):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
     n_steps = gl.cdiv(gl.minimum(k_lo + k_per_split, K) - k_lo, BK)
 
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [X_STAGES, BM, BK], x_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.int32, [W_STAGES, BN, BK // 8], w_desc.layout)
-    w_ready = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
-    w_empty = gl.allocate_shared_memory(gl.int64, [W_STAGES, 1], mbarrier.MBarrierLayout())
-    x_ready = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], mbarrier.MBarrierLayout())
-    x_empty = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(W_STAGES):
-        mbarrier.init(w_ready.index(s), count=1)
-        mbarrier.init(w_empty.index(s), count=1)
-    for s in gl.static_range(X_STAGES):
-        mbarrier.init(x_ready.index(s), count=1)
-        mbarrier.init(x_empty.index(s), count=1)
-    bars = (w_ready, w_empty, x_ready, x_empty)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
     results = gl.warp_specialize([
-        (_mma_partition, (x_smem, w_smem, bars, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
-                          GROUP, BN, BM, BK, W_STAGES, X_STAGES, num_warps)),
-        (_load_partition, (x_desc, w_desc, x_smem, w_smem, bars, pid_n, k_lo, n_steps, BN, BK, W_STAGES,
-                           X_STAGES)),
+        (_mma_partition, (x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
+                          GROUP, BN, BM, BK, STAGES, num_warps, DBG)),
+        (_load_partition, (x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps, BN, BK, STAGES)),
     ], [1], [24])
     acc = results[0]
-    for s in gl.static_range(W_STAGES):
-        mbarrier.invalidate(w_ready.index(s))
-        mbarrier.invalidate(w_empty.index(s))
-    for s in gl.static_range(X_STAGES):
-        mbarrier.invalidate(x_ready.index(s))
-        mbarrier.invalidate(x_empty.index(s))
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
 
     # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
     # are [M, N] row-major, so n is the contiguous side of the transposed tile.
@@ -234,8 +210,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
         gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
 
 def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 128, block_k: int = 64,
-               w_stages: int = 8, x_stages: int = 3, num_warps: int = 4, split: int = 0,
-               maxnreg: int = 128) -> Tensor:
+               stages: int = 4, num_warps: int = 8, split: int = 0, maxnreg: int = 128, dbg: int = 0) -> Tensor:
     """out[M, N] = x[M, K] @ W^T for int4 W on bf16 x, M <= 128, K % block_k == 0."""
     m, k = x.shape
     bm = max(16, triton.next_power_of_2(m))
@@ -254,6 +229,6 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 
     cnt = tickets(n_tiles) if split > 1 else out
     _wgmma_int4_kernel[(n_tiles, split)](
         x_desc, w_desc, w.scale, out, ws, cnt, m, w.n, k, k_per_split, split, w.scale.stride(0), out.stride(0),
-        GROUP=w.group, BN=block_n, BM=bm, BK=block_k, W_STAGES=w_stages, X_STAGES=x_stages, SPLIT=split > 1,
-        num_warps=num_warps, maxnreg=maxnreg)
+        GROUP=w.group, BN=block_n, BM=bm, BK=block_k, STAGES=stages, SPLIT=split > 1, num_warps=num_warps,
+        maxnreg=maxnreg, DBG=dbg)
     return out
