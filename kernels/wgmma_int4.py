@@ -1,18 +1,25 @@
-"""int4 x bf16 GEMM on Hopper's warpgroup MMA, for 17-128 activation rows (the rollout's decode batches).
+"""int4 x bf16 GEMM on Hopper's warpgroup MMA (written in Gluon) for the rollout's decode batches: 17-64 rows.
 
-Why: Triton's tile kernel (gemm.py) decodes the weight tile in a blocked layout and converts it to the MMA operand
-layout through shared memory, and at M = 64-256 loses to cuBLAS on a bf16 weight four times its size
-(bench/RESULTS.md). Written in Gluon, this kernel controls every layout:
+Why a third dense kernel: at 17-64 rows the GEMM is still bound by the weight bytes, where int4 should be up to 4x
+faster than bf16; yet Triton's tile kernel (gemm.py) decodes its weight tile in a blocked layout, moves it to the
+MMA operand layout through shared memory, and lost to cuBLAS on a bf16 weight four times its size (0.83x at M = 64,
+bench/RESULTS.md). Gluon fixes every layout by hand:
 
-- Swapped product: out^T [N, M] = W [N, K] x^T. The weight is wgmma's A operand, which may live in registers;
-  the activations are B, streamed by TMA into a STAGES-deep shared-memory ring (rows past M and K read zeros).
-- Each thread loads exactly the int4 words its A fragment needs, straight from global memory in the operand's own
-  layout: a k16 step of a row holds 16 values in two words, and lane t of a quad holds values 2t, 2t + 1 and
-  2t + 8, 2t + 9, i.e. byte t of each word. One `prmt` puts that byte's two nibbles 16 bits apart, and dequant.py's
-  bf16 instructions (lop3 into bf16 128 + n, fma by -136, fma by the scale) turn them into one bf16x2 register.
-  The values equal dequant.py's bit for bit. No layout conversion, no shared memory for the weight.
-- The next step's words and scales load one step ahead into registers; the K range may split over programs, whose
-  fp32 partials the last arriver sums in split order (gemm.py's scheme), so results do not depend on timing.
+- Swapped product, out^T [N, M] = W [N, K] x^T: the weight is wgmma's A operand, which lives in registers; the
+  activations are B, read from shared memory. M is wgmma's N side (16-64).
+- Warp-specialized: one loader warp fills a STAGES-deep ring with each K step's activations and packed words by
+  TMA (rows past M, N or K read zeros); the four MMA warps take the words from shared memory straight into the
+  operand's layout. A k16 slice of a row is two words, and lane t of a quad holds values 2t, 2t + 1 and 2t + 8,
+  2t + 9: byte t of each word. `prmt` places that byte's nibbles 16 bits apart, then dequant.py's bf16 decode (lop3
+  into bf16 128 + n, fma by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other
+  kernel's weights. Every layout step is checked trivial at compile time (convert_layout(assert_trivial=True)).
+- One wgmma in flight while the next step decodes; its slot is released when it completes. Scales are too small
+  per row for TMA and load into registers three steps ahead.
+- The K range splits over programs when N alone does not fill the GPU; the last program to finish a tile sums the
+  fp32 partials in split order (gemm.py's scheme), so results do not depend on timing.
+
+Triton's interpreter cannot run Gluon, so the CPU tests compile this kernel for sm_90 (which checks the layouts) and
+the GPU tests hold it to the fp64 oracle.
 """
 
 from __future__ import annotations
@@ -22,11 +29,23 @@ import triton
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .formats import PackedWeight
+from .configs import capability, sm_count
+from .formats import INT4, PackedWeight
+
+MIN_ROWS = 17  # below, the mma GEMV (gemv_mma.py) serves
+
+# Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 # Byte t of the word ($2) and of the word shifted by 4 bits, by the prmt selector $3 = t | (t + 4) << 8, puts the
 # byte's low nibble (value 2p) at bit 0 and its high nibble (value 2p + 1) at bit 16; then dequant.py's decode.
@@ -74,12 +93,13 @@ def _scale_layout(BN, GPS, WPG, num_warps):
 
 
 @gluon.jit
-def _load_scales(s_ptr, s_offs, row_ok, k0, GROUP: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr,
+def _load_scales(s_ptr, s_offs, row_ok, k0, n_groups, GROUP: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr,
                  layout: gl.constexpr):
     """bf16 [BN, GPS]: the scales of one K step's GPS groups, each thread's rows with all their groups."""
     groups = gl.arange(0, GPS, layout=gl.SliceLayout(0, layout))
     ptrs = s_ptr + gl.expand_dims(s_offs, 1) + gl.expand_dims(k0 // GROUP + groups, 0)
-    return gl.load(ptrs, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(groups >= 0, 0), other=0.0)
+    return gl.load(ptrs, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(k0 // GROUP + groups < n_groups, 0),
+                   other=0.0)
 
 
 @gluon.jit
@@ -99,15 +119,14 @@ def _load_partition(x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # (fresh barriers count as released)
         mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [0, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
-        tma.async_copy_global_to_shared(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], ready.index(slot),
-                                        w_smem.index(slot))
+        _tma_load(x_desc, [0, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
+        _tma_load(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
 
 
 @gluon.jit
-def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
+def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, n_groups, stride_sn,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                   STAGES: gl.constexpr, num_warps: gl.constexpr, DBG: gl.constexpr):
+                   STAGES: gl.constexpr, num_warps: gl.constexpr):
     """The kernel's warps: decode each step's words into wgmma's register operand and multiply, one MMA in flight
     while the next step decodes."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -130,12 +149,13 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
     a_prev = gl.zeros([BN, BK], gl.bfloat16, a_layout)
     # Scales are too small per row for TMA; they load into registers three steps ahead of their use.
-    s0 = _load_scales(s_ptr, s_offs, s_ok, k_lo, GROUP, BK, GPS, s_layout)
-    s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, GROUP, BK, GPS, s_layout)
-    s2 = _load_scales(s_ptr, s_offs, s_ok & (2 < n_steps), k_lo + 2 * BK, GROUP, BK, GPS, s_layout)
+    s0 = _load_scales(s_ptr, s_offs, s_ok, k_lo, n_groups, GROUP, BK, GPS, s_layout)
+    s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, n_groups, GROUP, BK, GPS, s_layout)
+    s2 = _load_scales(s_ptr, s_offs, s_ok & (2 < n_steps), k_lo + 2 * BK, n_groups, GROUP, BK, GPS, s_layout)
     for i in range(n_steps):
         slot = i % STAGES
-        s3 = _load_scales(s_ptr, s_offs, s_ok & (i + 3 < n_steps), k_lo + (i + 3) * BK, GROUP, BK, GPS, s_layout)
+        s3 = _load_scales(s_ptr, s_offs, s_ok & (i + 3 < n_steps), k_lo + (i + 3) * BK, n_groups, GROUP, BK,
+                          GPS, s_layout)
         scales = _word_scales(s0, BN, BK, GPS, WPG, l3s, words_layout)
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
@@ -159,10 +179,9 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
 
 @gluon.jit
 def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
-                       M, N, K, k_per_split, n_splits, stride_sn, stride_om,
+                       M, N, K, n_groups, k_per_split, n_splits, stride_sn, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
-                       DBG: gl.constexpr = 0):
+                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
@@ -176,8 +195,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     results = gl.warp_specialize([
-        (_mma_partition, (x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, stride_sn,
-                          GROUP, BN, BM, BK, STAGES, num_warps, DBG)),
+        (_mma_partition, (x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, n_groups, stride_sn,
+                          GROUP, BN, BM, BK, STAGES, num_warps)),
         (_load_partition, (x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps, BN, BK, STAGES)),
     ], [1], [24])
     acc = results[0]
@@ -198,7 +217,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
         # Partials in ws [n_splits, M, N] fp32 (int32 offsets: the host checks n_splits * M * N < 2**31).
         part_offs = gl.expand_dims(ms * N, 0) + gl.expand_dims(ns, 1)
         gl.store(ws_ptr + split * M * N + part_offs, acc, mask=mask)
-        gl.thread_barrier()
+        _cta_barrier()
         ticket = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
         if ticket == n_splits - 1:
             total = gl.zeros([BN, BM], gl.float32, io_layout)
@@ -209,26 +228,46 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
     else:
         gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
 
-def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets, block_n: int = 128, block_k: int = 64,
-               stages: int = 4, num_warps: int = 8, split: int = 0, maxnreg: int = 128, dbg: int = 0) -> Tensor:
-    """out[M, N] = x[M, K] @ W^T for int4 W on bf16 x, M <= 128, K % block_k == 0."""
+
+# The measured config (bench/RESULTS.md, twelfth session; H200, 12 dense shapes at M = 16-64): 64 weight rows per
+# program (one warpgroup) and 128 of K per step, 4 stages, 128 registers per thread (two programs per SM), and enough
+# K splits for two programs per SM. 128 rows per program, 64 of K per step, 3 or 6 stages, and 80 registers for a
+# third program per SM were all slower; 128 rows by 128 of K at M = 128 returned wrong values on the GPU (not
+# understood; M = 65-128 stays on the tile kernel).
+BLOCK_N, BLOCK_K, STAGES, MAX_ROWS, MAX_REGISTERS = 64, 128, 4, 64, 128
+
+
+def supports(x: Tensor, w: PackedWeight) -> bool:
+    """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups a power of two >= 16) on bf16 x of 17-64
+    rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of rows and bases."""
+    m = x.shape[0] if x.dim() == 2 else 0
+    return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.fmt.code == INT4
+            and w.experts is None and w.group >= 16 and w.group & (w.group - 1) == 0 and w.k % 32 == 0
+            and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+            and w.values.stride(1) == 1 and w.values.stride(0) % 4 == 0 and w.values.data_ptr() % 16 == 0
+            and capability(x.device) == (9, 0))
+
+
+def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets) -> Tensor:
+    """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`; out: [M, N] contiguous;
+    tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
     m, k = x.shape
     bm = max(16, triton.next_power_of_2(m))
-    n_tiles = triton.cdiv(w.n, block_n)
-    if split == 0:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        split = max(1, min(k // block_k, (2 * sms) // n_tiles))
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)
-    x_layout = gl.NVMMASharedLayout.get_default_for([bm, block_k], gl.bfloat16)
-    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, block_k], x_layout)
-    w_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k // 8], gl.int32)
-    w_desc = TensorDescriptor(w.values, list(w.values.shape), list(w.values.stride()), [block_n, block_k // 8],
+    n_tiles = triton.cdiv(w.n, BLOCK_N)
+    split = max(1, min(triton.cdiv(k, BLOCK_K), 2 * sm_count(x.device) // n_tiles))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), BLOCK_K) * BLOCK_K
+    split = triton.cdiv(k, k_per_split)  # no empty splits
+    if split * m * w.n >= 2**31:
+        raise ValueError(f"wgmma_int4: {split} splits x [{m}, {w.n}] partials overflow the kernel's int32 offsets")
+    x_layout = gl.NVMMASharedLayout.get_default_for([bm, BLOCK_K], gl.bfloat16)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, BLOCK_K], x_layout)
+    w_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K // 8], gl.int32)
+    w_desc = TensorDescriptor(w.values, list(w.values.shape), list(w.values.stride()), [BLOCK_N, BLOCK_K // 8],
                               w_layout)
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = tickets(n_tiles) if split > 1 else out
     _wgmma_int4_kernel[(n_tiles, split)](
-        x_desc, w_desc, w.scale, out, ws, cnt, m, w.n, k, k_per_split, split, w.scale.stride(0), out.stride(0),
-        GROUP=w.group, BN=block_n, BM=bm, BK=block_k, STAGES=stages, SPLIT=split > 1, num_warps=num_warps,
-        maxnreg=maxnreg, DBG=dbg)
+        x_desc, w_desc, w.scale, out, ws, cnt, m, w.n, k, w.scale.shape[-1], k_per_split, split, w.scale.stride(0),
+        out.stride(0), GROUP=w.group, BN=BLOCK_N, BM=bm, BK=BLOCK_K, STAGES=STAGES, SPLIT=split > 1, num_warps=4,
+        maxnreg=MAX_REGISTERS)
     return out
