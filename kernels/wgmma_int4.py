@@ -13,8 +13,9 @@ bench/RESULTS.md). Gluon fixes every layout by hand:
   2t + 9: byte t of each word. `prmt` places that byte's nibbles 16 bits apart, then dequant.py's bf16 decode (lop3
   into bf16 128 + n, fma by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other
   kernel's weights. Every layout step is checked trivial at compile time (convert_layout(assert_trivial=True)).
-- One wgmma in flight while the next step decodes; its slot is released when it completes. Scales are too small
-  per row for TMA and load into registers three steps ahead.
+- Each step's wgmma completes before the next step decodes into its register operand (see _mma_partition); two
+  programs per SM overlap one's decode with the other's MMA. Scales are too small per row for TMA and load into
+  registers three steps ahead.
 - The K range splits over programs when N alone does not fill the GPU; the last program to finish a tile sums the
   fp32 partials in split order (gemm.py's scheme), so results do not depend on timing.
 
@@ -34,7 +35,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -127,8 +127,7 @@ def _load_partition(x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n
 def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, n_groups, stride_sn,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                    STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """The kernel's warps: decode each step's words into wgmma's register operand and multiply, one MMA in flight
-    while the next step decodes."""
+    """The kernel's warps: decode each step's words into wgmma's register operand and multiply."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -147,7 +146,6 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
     s_ok = pid_n * BN + s_rows < N
 
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
-    a_prev = gl.zeros([BN, BK], gl.bfloat16, a_layout)
     # Scales are too small per row for TMA; they load into registers three steps ahead of their use.
     s0 = _load_scales(s_ptr, s_offs, s_ok, k_lo, n_groups, GROUP, BK, GPS, s_layout)
     s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, n_groups, GROUP, BK, GPS, s_layout)
@@ -164,16 +162,16 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
         lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
         hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
         a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
-        acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
-        # The previous step's MMA is done: its registers (kept alive through deps) and its slot are free.
-        acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+        # Synchronous: wgmma reads its register operand asynchronously, and writing those registers before the wait
+        # is undefined (PTX ISA). With one MMA left in flight (warpgroup_mma_wait(1)) ptxas gave the next step's
+        # decode the same registers, and an H200 returned NaNs at 64 rows, group 128; the wait's deps keep the bf16
+        # values alive, not the packed registers the MMA reads. The other program on the SM overlaps instead.
+        acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
         fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
-        a_prev = a
+        mbarrier.arrive(empty.index(slot))
         s0 = s1
         s1 = s2
         s2 = s3
-    acc, a_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_prev))
     return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
 
 
