@@ -228,11 +228,13 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
 
 
 # The measured config (bench/RESULTS.md, twelfth session; H200, 12 dense shapes at M = 16-64): 64 weight rows per
-# program (one warpgroup) and 128 of K per step, 4 stages, 128 registers per thread (two programs per SM), and enough
-# K splits for two programs per SM. 128 rows per program, 64 of K per step, 3 or 6 stages, and 80 registers for a
-# third program per SM were all slower; 128 rows by 128 of K at M = 128 returned wrong values on the GPU (not
-# understood; M = 65-128 stays on the tile kernel).
-BLOCK_N, BLOCK_K, STAGES, MAX_ROWS, MAX_REGISTERS = 64, 128, 4, 64, 128
+# program (one warpgroup), 128 of K per step, 4 stages, and enough K splits for two programs per SM. 80 registers per
+# thread at launch (the loader warp gives its share to the MMA warps, which get 136) fit three programs per SM where
+# shared memory allows (M <= 32): geomean over bf16 1.35 against 1.27 with 128 at M = 32, 1.13 against 1.14 at 64.
+# Slower: 128 rows per program, 64 of K per step, 3 or 6 stages, and separate (deeper) weight and activation rings.
+# 128 rows by 128 of K at M = 128 returned wrong values on the GPU (not understood; M = 65-128 stays on the tile
+# kernel).
+BLOCK_N, BLOCK_K, STAGES, MAX_ROWS, MAX_REGISTERS = 64, 128, 4, 64, 80
 
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
