@@ -1,5 +1,6 @@
-"""The MoE kernels' A/B switches shared by bench/rollout.py and bench/rl_step.py: each flag puts one kernel back to
-what ran before it (torch's ops, or the kernel it replaced), for this process."""
+"""The kernels' A/B switches shared by bench/rollout.py and bench/rl_step.py (MoE kernels, and the dense warpgroup-MMA
+GEMM): each flag puts one kernel back to what ran before it (torch's ops, or the kernel it replaced), for this
+process."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ SWITCHES = {
                             "MoE decode: expert LoRA by torch's grouped GEMMs, not the decode kernel's epilogue"),
     "--unfused-swiglu": ("orbit_lightning.kernels.configs", "GROUPED_MMA_SWIGLU", False,
                          "MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)"),
+    "--no-wgmma": ("orbit_lightning.kernels.configs", "WGMMA_INT4", False,
+                   "dense int4 at 17-64 rows through the tile kernel instead of kernels/wgmma_int4.py"),
 }  # fmt: skip
 
 

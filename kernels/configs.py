@@ -267,6 +267,9 @@ def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
 # Decode int4 with the packed-bf16 PTX path when activations are bf16 (see dequant.py); set False to
 # force the generic fp32 decoder, e.g. to compare the two bit for bit.
 FAST_INT4 = True
+# int4 on bf16 at 17-64 rows on Hopper: the warpgroup-MMA kernel (wgmma_int4.py) instead of the tile kernel; set False
+# to compare the two (bench/rollout.py --no-wgmma).
+WGMMA_INT4 = True
 
 
 def _index(device: torch.device) -> int:

@@ -23,6 +23,9 @@ from .formats import INT4, PLAIN, PackedWeight
 from .gemv import gemv
 from .gemv_lora import LoraDelta, fits
 from .lora import lora_add_many
+from .mode import is_batch_invariant
+from .wgmma_int4 import supports as wgmma_supports
+from .wgmma_int4 import wgmma_int4
 
 
 @triton.jit
@@ -219,6 +222,13 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
             if lora is not None and not fused:
                 out = lora_add_many(out, a2, *lora)
             return out.reshape(*lead, p)
+    if (config is None and not dx and configs.WGMMA_INT4 and not is_batch_invariant()
+            and wgmma_supports(a2, w)):
+        # 17-64 rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA added after it.
+        out = wgmma_int4(a2, w, out, lambda n: _tickets(a.device, n))
+        if lora is not None:
+            out = lora_add_many(out, a2, *lora)
+        return out.reshape(*lead, p)
     cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype, r if fast_int4(w, a.dtype) else 0)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
     split = auto_split(cfg, n_tiles, r, a.device)

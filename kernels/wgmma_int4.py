@@ -1,0 +1,273 @@
+"""int4 x bf16 GEMM on Hopper's warpgroup MMA (written in Gluon) for the rollout's decode batches: 17-64 rows.
+
+Why a third dense kernel: at 17-64 rows the GEMM is still bound by the weight bytes, where int4 should be up to 4x
+faster than bf16; yet Triton's tile kernel (gemm.py) decodes its weight tile in a blocked layout, moves it to the
+MMA operand layout through shared memory, and lost to cuBLAS on a bf16 weight four times its size (0.83x at M = 64,
+bench/RESULTS.md). Gluon fixes every layout by hand:
+
+- Swapped product, out^T [N, M] = W [N, K] x^T: the weight is wgmma's A operand, which lives in registers; the
+  activations are B, read from shared memory. M is wgmma's N side (16-64).
+- Warp-specialized: one loader warp fills a STAGES-deep ring with each K step's activations and packed words by
+  TMA (rows past M, N or K read zeros); the four MMA warps take the words from shared memory straight into the
+  operand's layout. A k16 slice of a row is two words, and lane t of a quad holds values 2t, 2t + 1 and 2t + 8,
+  2t + 9: byte t of each word. `prmt` places that byte's nibbles 16 bits apart, then dequant.py's bf16 decode (lop3
+  into bf16 128 + n, fma by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other
+  kernel's weights. Every layout step is checked trivial at compile time (convert_layout(assert_trivial=True)).
+- Each step's wgmma completes before the next step decodes into its register operand (see _mma_partition); two
+  programs per SM overlap one's decode with the other's MMA. Scales are too small per row for TMA and load into
+  registers three steps ahead.
+- The K range splits over programs when N alone does not fill the GPU; the last program to finish a tile sums the
+  fp32 partials in split order (gemm.py's scheme), so results do not depend on timing.
+
+Triton's interpreter cannot run Gluon, so the CPU tests compile this kernel for sm_90 (which checks the layouts) and
+the GPU tests hold it to the fp64 oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .configs import capability, sm_count
+from .formats import INT4, PackedWeight
+
+MIN_ROWS = 17  # below, the mma GEMV (gemv_mma.py) serves
+
+# Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+# Byte t of the word ($2) and of the word shifted by 4 bits, by the prmt selector $3 = t | (t + 4) << 8, puts the
+# byte's low nibble (value 2p) at bit 0 and its high nibble (value 2p + 1) at bit 16; then dequant.py's decode.
+_PAIR_ASM = gl.constexpr("""
+{
+.reg .b32 w4, t, s2, one, off, nz;
+shr.u32 w4, $2, 4;
+prmt.b32 t, $2, w4, $3;
+lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
+mov.b32 one, 0x3F803F80;
+mov.b32 off, 0xC308C308;
+mov.b32 nz, 0x80008000;
+mov.b32 s2, {$4, $4};
+fma.rn.bf16x2 t, t, one, off;
+fma.rn.bf16x2 t, t, s2, nz;
+mov.b32 {$0, $1}, t;
+}
+""")
+
+
+@gluon.constexpr_function
+def _word_layout(BN, BK, num_warps):
+    """The layout of a step's words [BN, BK // 8] expanded by the byte index t = 0..3 to [BN, BK // 8, 4]: lane t of
+    a quad takes byte t of every word it holds, which flattened (pair p = 4 * word + t) is the A operand's layout for
+    32-bit values (DotOperandLayout k_width 1), where pair p sits where values 2p, 2p + 1 do for bf16. One warp per 16
+    rows (BN = 16 * num_warps); registers: row + 8, then the words; lanes: t, then rows; warps: rows."""
+    regs = [[8, 0, 0]] + [[0, 1 << i, 0] for i in range((BK // 8).bit_length() - 1)]
+    lanes = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warps = [[16 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                      shape=[BN, BK // 8, 4])
+
+
+@gluon.constexpr_function
+def _scale_layout(BN, GPS, WPG, num_warps):
+    """[BN, GPS, WPG]: a step's GPS scale groups of WPG words each, laid out so that dropping WPG gives the loaded
+    scales [BN, GPS] (each thread's rows, all their groups in registers) and flattening (GPS, WPG) gives the words'
+    layout (SliceLayout(2, _word_layout)), so broadcasting a scale over its words moves nothing."""
+    regs = [[8, 0, 0]] + [[0, 0, 1 << i] for i in range(WPG.bit_length() - 1)]
+    regs += [[0, 1 << i, 0] for i in range(GPS.bit_length() - 1)]
+    lanes = [[0, 0, 0], [0, 0, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warps = [[16 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                      shape=[BN, GPS, WPG])
+
+
+@gluon.jit
+def _load_scales(s_ptr, s_offs, row_ok, k0, n_groups, GROUP: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr,
+                 layout: gl.constexpr):
+    """bf16 [BN, GPS]: the scales of one K step's GPS groups, each thread's rows with all their groups."""
+    groups = gl.arange(0, GPS, layout=gl.SliceLayout(0, layout))
+    ptrs = s_ptr + gl.expand_dims(s_offs, 1) + gl.expand_dims(k0 // GROUP + groups, 0)
+    return gl.load(ptrs, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(k0 // GROUP + groups < n_groups, 0),
+                   other=0.0)
+
+
+@gluon.jit
+def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, WPG: gl.constexpr,
+                 l3: gl.constexpr, words_layout: gl.constexpr):
+    """bf16 [BN, BK // 8, 1]: each word's scale, broadcast from the step's [BN, GPS] in registers."""
+    zero = gl.full([BN, GPS, WPG], 0.0, gl.bfloat16, l3)
+    full = gl.reshape(gl.expand_dims(scales, 2) + zero, [BN, BK // 8])
+    return gl.expand_dims(gl.convert_layout(full, words_layout, assert_trivial=True), 2)
+
+
+@gluon.jit
+def _load_partition(x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps,
+                    BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: TMA loads of each step's activations and words into the ring, as slots come free."""
+    for i in range(n_steps):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # (fresh barriers count as released)
+        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        _tma_load(x_desc, [0, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
+        _tma_load(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
+
+
+@gluon.jit
+def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, n_groups, stride_sn,
+                   GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
+                   STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """The kernel's warps: decode each step's words into wgmma's register operand and multiply."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    pair_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
+    w3: gl.constexpr = _word_layout(BN, BK, num_warps)
+    words_layout: gl.constexpr = gl.SliceLayout(2, w3)
+
+    byte = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, w3)))
+    sel = gl.expand_dims(gl.expand_dims(byte | ((byte + 4) << 8), 0), 0)  # [1, 1, 4]: the prmt selector
+    GPS: gl.constexpr = BK // GROUP if BK > GROUP else 1  # scale groups per step
+    WPG: gl.constexpr = BK // 8 // GPS  # words per group within a step
+    l3s: gl.constexpr = _scale_layout(BN, GPS, WPG, num_warps)
+    s_layout: gl.constexpr = gl.SliceLayout(2, l3s)
+    s_rows = gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
+    s_offs = (pid_n * BN + s_rows) * stride_sn
+    s_ok = pid_n * BN + s_rows < N
+
+    acc = gl.zeros([BN, BM], gl.float32, acc_layout)
+    # Scales are too small per row for TMA; they load into registers three steps ahead of their use.
+    s0 = _load_scales(s_ptr, s_offs, s_ok, k_lo, n_groups, GROUP, BK, GPS, s_layout)
+    s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, n_groups, GROUP, BK, GPS, s_layout)
+    s2 = _load_scales(s_ptr, s_offs, s_ok & (2 < n_steps), k_lo + 2 * BK, n_groups, GROUP, BK, GPS, s_layout)
+    for i in range(n_steps):
+        slot = i % STAGES
+        s3 = _load_scales(s_ptr, s_offs, s_ok & (i + 3 < n_steps), k_lo + (i + 3) * BK, n_groups, GROUP, BK,
+                          GPS, s_layout)
+        scales = _word_scales(s0, BN, BK, GPS, WPG, l3s, words_layout)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
+        lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
+                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+        lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
+        hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
+        a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
+        # Synchronous: wgmma reads its register operand asynchronously, and writing those registers before the wait
+        # is undefined (PTX ISA). With one MMA left in flight (warpgroup_mma_wait(1)) ptxas gave the next step's
+        # decode the same registers, and an H200 returned NaNs at 64 rows, group 128; the wait's deps keep the bf16
+        # values alive, not the packed registers the MMA reads. The other program on the SM overlaps instead.
+        acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
+        fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
+        mbarrier.arrive(empty.index(slot))
+        s0 = s1
+        s1 = s2
+        s2 = s3
+    return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
+
+
+@gluon.jit
+def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
+                       M, N, K, n_groups, k_per_split, n_splits, stride_sn, stride_om,
+                       GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
+                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+    pid_n = gl.program_id(0)
+    split = gl.program_id(1)
+    k_lo = split * k_per_split
+    n_steps = gl.cdiv(gl.minimum(k_lo + k_per_split, K) - k_lo, BK)
+
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    results = gl.warp_specialize([
+        (_mma_partition, (x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, n_groups, stride_sn,
+                          GROUP, BN, BM, BK, STAGES, num_warps)),
+        (_load_partition, (x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps, BN, BK, STAGES)),
+    ], [1], [24])
+    acc = results[0]
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+    # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
+    # are [M, N] row-major, so n is the contiguous side of the transposed tile.
+    io_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[BN // 4, 128 // BN],
+                                               warps_per_cta=[1, num_warps], order=[0, 1])
+    acc = gl.convert_layout(acc, io_layout)
+    ns = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, io_layout))
+    ms = gl.arange(0, BM, layout=gl.SliceLayout(0, io_layout))
+    mask = gl.expand_dims(ns < N, 1) & gl.expand_dims(ms < M, 0)
+    out_offs = gl.expand_dims(ms * stride_om, 0) + gl.expand_dims(ns, 1)
+    if SPLIT:
+        # Partials in ws [n_splits, M, N] fp32 (int32 offsets: the host checks n_splits * M * N < 2**31).
+        part_offs = gl.expand_dims(ms * N, 0) + gl.expand_dims(ns, 1)
+        gl.store(ws_ptr + split * M * N + part_offs, acc, mask=mask)
+        _cta_barrier()
+        ticket = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if ticket == n_splits - 1:
+            total = gl.zeros([BN, BM], gl.float32, io_layout)
+            for t in range(n_splits):  # fixed order: the sum does not depend on arrival order
+                total += gl.load(ws_ptr + t * M * N + part_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            gl.store(out_ptr + out_offs, total.to(gl.bfloat16), mask=mask)
+            gl.atomic_xchg(cnt_ptr + pid_n, 0)
+    else:
+        gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
+
+
+# The measured config (bench/RESULTS.md, twelfth session; H200, 12 dense shapes at M = 16-64): 64 weight rows per
+# program (one warpgroup), 128 of K per step, 4 stages, and enough K splits for two programs per SM. 80 registers per
+# thread at launch (the loader warp gives its share to the MMA warps, which get 136) fit three programs per SM where
+# shared memory allows (M <= 32): geomean over bf16 1.35 against 1.27 with 128 at M = 32, 1.13 against 1.14 at 64.
+# Slower: 128 rows per program, 64 of K per step, 3 or 6 stages, and separate (deeper) weight and activation rings.
+# 128 rows by 128 of K at M = 128 returned wrong values on the GPU (not understood; M = 65-128 stays on the tile
+# kernel).
+BLOCK_N, BLOCK_K, STAGES, MAX_ROWS, MAX_REGISTERS = 64, 128, 4, 64, 80
+
+
+def supports(x: Tensor, w: PackedWeight) -> bool:
+    """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups a power of two >= 16) on bf16 x of 17-64
+    rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of rows and bases."""
+    m = x.shape[0] if x.dim() == 2 else 0
+    return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.fmt.code == INT4
+            and w.experts is None and w.group >= 16 and w.group & (w.group - 1) == 0 and w.k % 32 == 0
+            and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+            and w.values.stride(1) == 1 and w.values.stride(0) % 4 == 0 and w.values.data_ptr() % 16 == 0
+            and capability(x.device) == (9, 0))
+
+
+def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets) -> Tensor:
+    """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`; out: [M, N] contiguous;
+    tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
+    m, k = x.shape
+    bm = max(16, triton.next_power_of_2(m))
+    n_tiles = triton.cdiv(w.n, BLOCK_N)
+    split = max(1, min(triton.cdiv(k, BLOCK_K), 2 * sm_count(x.device) // n_tiles))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), BLOCK_K) * BLOCK_K
+    split = triton.cdiv(k, k_per_split)  # no empty splits
+    if split * m * w.n >= 2**31:
+        raise ValueError(f"wgmma_int4: {split} splits x [{m}, {w.n}] partials overflow the kernel's int32 offsets")
+    x_layout = gl.NVMMASharedLayout.get_default_for([bm, BLOCK_K], gl.bfloat16)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, BLOCK_K], x_layout)
+    w_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K // 8], gl.int32)
+    w_desc = TensorDescriptor(w.values, list(w.values.shape), list(w.values.stride()), [BLOCK_N, BLOCK_K // 8],
+                              w_layout)
+    ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
+    cnt = tickets(n_tiles) if split > 1 else out
+    _wgmma_int4_kernel[(n_tiles, split)](
+        x_desc, w_desc, w.scale, out, ws, cnt, m, w.n, k, w.scale.shape[-1], k_per_split, split, w.scale.stride(0),
+        out.stride(0), GROUP=w.group, BN=BLOCK_N, BM=bm, BK=BLOCK_K, STAGES=STAGES, SPLIT=split > 1, num_warps=4,
+        maxnreg=MAX_REGISTERS)
+    return out
