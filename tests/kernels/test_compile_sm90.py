@@ -11,12 +11,8 @@ keeps the 12 one-warp programs per SM that configs._GEMV asks for resident (65,5
 """
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
-import pytest
+from tests.kernels.kernel_oracles import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
 import inspect, json, subprocess, tempfile
@@ -163,26 +159,13 @@ print(json.dumps(report))
 """
 
 
-def _compiler_available() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        get_ptxas(90)
-        return True
-    except Exception:
-        return False
-
-
 @functools.cache
 def _report() -> dict:
     """The script's per-kernel report (compiled once for this module's tests)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return compile_report(_SCRIPT)
 
 
-@pytest.mark.skipif(not _compiler_available(), reason="this triton install has no NVIDIA backend / ptxas")
+@needs_sm90_compiler
 def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     report = _report()
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
@@ -200,7 +183,7 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     assert report["_softmax_topk_kernel"]["registers"] <= 200, report["_softmax_topk_kernel"]
 
 
-@pytest.mark.skipif(not _compiler_available(), reason="this triton install has no NVIDIA backend / ptxas")
+@needs_sm90_compiler
 def test_mma_gemv_keeps_one_element_per_thread_and_few_registers():
     """gemv_mma.py's inline PTX (and grouped_mma.py's, which runs its loop) assumes element i of its [32 * warps]
     tensors is thread i's register; Triton's layout for them must be one element per thread, 32 threads along a warp.

@@ -7,16 +7,20 @@ each within 2^-9 relative; 2^-8 allowed.
 """
 
 import functools
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
+from tests.kernels.kernel_oracles import (
+    assert_within,
+    compile_report,
+    gpu,
+    matmul_bound,
+    needs_sm90_compiler,
+    random_weight,
+)
 
 _SCRIPT = r"""
 import inspect, json, subprocess, sys, tempfile
@@ -69,25 +73,13 @@ print(json.dumps(report))
 """
 
 
-def _compiler_available() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        get_ptxas(90)
-        return True
-    except Exception:
-        return False
-
-
 @functools.cache
 def _report() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    """The script's report (compiled once for this module's tests)."""
+    return compile_report(_SCRIPT)
 
 
-@pytest.mark.skipif(not _compiler_available(), reason="this triton install has no NVIDIA backend / ptxas")
+@needs_sm90_compiler
 def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     """Each shipped variant compiles (a layout step that is not trivial fails the compile), keeps within the register
     cap that gives two programs per SM, spills nothing, and multiplies with wgmma on TMA-loaded tiles."""
