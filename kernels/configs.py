@@ -298,6 +298,16 @@ def capability(device: torch.device) -> tuple[int, int]:
     return props.major, props.minor
 
 
+def split_evenly(length: int, splits: int, step: int) -> tuple[int, int]:
+    """(length per split, a multiple of `step`; the number of splits, none of them empty) for `length` in ~`splits`."""
+    per_split = _cdiv(_cdiv(length, splits), step) * step
+    return per_split, _cdiv(length, per_split)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def auto_split(cfg: TileConfig, programs: int, r: int, device: torch.device) -> int:
     """Number of reduction splits: cfg.split_k, or (when it is 0) enough to give ~2 programs per SM."""
     n_r_tiles = -(-r // cfg.block_r)

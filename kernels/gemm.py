@@ -16,7 +16,7 @@ from torch import Tensor
 
 from . import configs
 from .buffers import stream_buffer
-from .configs import TileConfig, auto_split, pick_config, pick_gemv
+from .configs import TileConfig, auto_split, pick_config, pick_gemv, split_evenly
 from .dequant import dequant_tile, load_scales
 from .emulate import INTERPRETED
 from .formats import INT4, PLAIN, PackedWeight
@@ -222,7 +222,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
             if lora is not None and not fused:
                 out = lora_add_many(out, a2, *lora)
             return out.reshape(*lead, p)
-    if (config is None and not dx and configs.WGMMA_INT4 and not is_batch_invariant()
+    if (config is None and not dx and configs.WGMMA_INT4 and fast_int4(w, a.dtype) and not is_batch_invariant()
             and wgmma_supports(a2, w)):
         # 17-64 rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA added after it.
         out = wgmma_int4(a2, w, out, lambda n: _tickets(a.device, n))
@@ -232,8 +232,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
     cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype, r if fast_int4(w, a.dtype) else 0)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
     split = auto_split(cfg, n_tiles, r, a.device)
-    r_per_split = triton.cdiv(triton.cdiv(r, split), cfg.block_r) * cfg.block_r
-    split = triton.cdiv(r, r_per_split)  # no empty splits
+    r_per_split, split = split_evenly(r, split, cfg.block_r)
     if split > 1:
         ws = torch.empty((split, m, p), dtype=torch.float32, device=a.device)
         tickets = _tickets(a.device, n_tiles)

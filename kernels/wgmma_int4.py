@@ -8,7 +8,8 @@ bench/RESULTS.md). Gluon fixes every layout by hand:
 - Swapped product, out^T [N, M] = W [N, K] x^T: the weight is wgmma's A operand, which lives in registers; the
   activations are B, read from shared memory. M is wgmma's N side (16-64).
 - Warp-specialized: one loader warp fills a STAGES-deep ring with each K step's activations and packed words by
-  TMA (rows past M, N or K read zeros); the four MMA warps take the words from shared memory straight into the
+  TMA (rows past M, N or K read zeros: a zero word past K decodes to -8 times its scale, but meets zero
+  activations); the four MMA warps take the words from shared memory straight into the
   operand's layout. A k16 slice of a row is two words, and lane t of a quad holds values 2t, 2t + 1 and 2t + 8,
   2t + 9: byte t of each word. `prmt` places that byte's nibbles 16 bits apart, then dequant.py's bf16 decode (lop3
   into bf16 128 + n, fma by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other
@@ -25,6 +26,8 @@ the GPU tests hold it to the fp64 oracle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 from torch import Tensor
@@ -38,32 +41,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .configs import capability, sm_count
+from .configs import capability, sm_count, split_evenly
+from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
 
-MIN_ROWS = 17  # below, the mma GEMV (gemv_mma.py) serves
+MIN_ROWS = 17  # below, the decode GEMVs (gemv.py, gemv_mma.py) serve
 
 # Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 # Byte t of the word ($2) and of the word shifted by 4 bits, by the prmt selector $3 = t | (t + 4) << 8, puts the
-# byte's low nibble (value 2p) at bit 0 and its high nibble (value 2p + 1) at bit 16; then dequant.py's decode.
-_PAIR_ASM = gl.constexpr("""
-{
-.reg .b32 w4, t, s2, one, off, nz;
-shr.u32 w4, $2, 4;
-prmt.b32 t, $2, w4, $3;
-lop3.b32 t, t, 0x000F000F, 0x43004300, 0xEA;
-mov.b32 one, 0x3F803F80;
-mov.b32 off, 0xC308C308;
-mov.b32 nz, 0x80008000;
-mov.b32 s2, {$4, $4};
-fma.rn.bf16x2 t, t, one, off;
-fma.rn.bf16x2 t, t, s2, nz;
-mov.b32 {$0, $1}, t;
-}
-""")
+# byte's low nibble (value 2p) at bit 0 and its high nibble (value 2p + 1) at bit 16; then dequant.py's decode of
+# one register (its own lines, so that the two cannot drift apart): lop3 into bf16 128 + n, fma by -136, fma by the
+# scale $4.
+_DECODE_LINES = ("mov.b32 s2,", "mov.b32 one,", "mov.b32 off,", "mov.b32 nz,", "lop3.b32 t0,", "fma.rn.bf16x2 t0,")
+_PAIR_ASM = gl.constexpr(
+    "{\n.reg .b32 w4, t0, s2, one, off, nz;\nshr.u32 w4, $2, 4;\nprmt.b32 t0, $2, w4, $3;\n"
+    + "".join(line.replace("$8", "t0").replace("$9", "$4") + "\n" for line in _INT4_BF16_ASM.value.splitlines()
+              if line.startswith(_DECODE_LINES))
+    + "mov.b32 {$0, $1}, t0;\n}\n"
+)
 
 
 @gluon.constexpr_function
@@ -93,8 +91,7 @@ def _scale_layout(BN, GPS, WPG, num_warps):
 
 
 @gluon.jit
-def _load_scales(s_ptr, s_offs, row_ok, k0, n_groups, GROUP: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr,
-                 layout: gl.constexpr):
+def _load_scales(s_ptr, s_offs, row_ok, k0, n_groups, GROUP: gl.constexpr, GPS: gl.constexpr, layout: gl.constexpr):
     """bf16 [BN, GPS]: the scales of one K step's GPS groups, each thread's rows with all their groups."""
     groups = gl.arange(0, GPS, layout=gl.SliceLayout(0, layout))
     ptrs = s_ptr + gl.expand_dims(s_offs, 1) + gl.expand_dims(k0 // GROUP + groups, 0)
@@ -147,13 +144,13 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
 
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
     # Scales are too small per row for TMA; they load into registers three steps ahead of their use.
-    s0 = _load_scales(s_ptr, s_offs, s_ok, k_lo, n_groups, GROUP, BK, GPS, s_layout)
-    s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, n_groups, GROUP, BK, GPS, s_layout)
-    s2 = _load_scales(s_ptr, s_offs, s_ok & (2 < n_steps), k_lo + 2 * BK, n_groups, GROUP, BK, GPS, s_layout)
+    s0 = _load_scales(s_ptr, s_offs, s_ok, k_lo, n_groups, GROUP, GPS, s_layout)
+    s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, n_groups, GROUP, GPS, s_layout)
+    s2 = _load_scales(s_ptr, s_offs, s_ok & (2 < n_steps), k_lo + 2 * BK, n_groups, GROUP, GPS, s_layout)
     for i in range(n_steps):
         slot = i % STAGES
-        s3 = _load_scales(s_ptr, s_offs, s_ok & (i + 3 < n_steps), k_lo + (i + 3) * BK, n_groups, GROUP, BK,
-                          GPS, s_layout)
+        s3 = _load_scales(s_ptr, s_offs, s_ok & (i + 3 < n_steps), k_lo + (i + 3) * BK, n_groups, GROUP, GPS,
+                          s_layout)
         scales = _word_scales(s0, BN, BK, GPS, WPG, l3s, words_layout)
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
@@ -175,7 +172,8 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
     return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
 
 
-@gluon.jit
+# M is never specialized (Triton would compile M % 16 == 0 apart), nor the split count: one binary per tile shape.
+@gluon.jit(do_not_specialize=["M", "n_splits"])
 def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
                        M, N, K, n_groups, k_per_split, n_splits, stride_sn, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
@@ -228,35 +226,36 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
 
 
 # The measured config (bench/RESULTS.md, twelfth session; H200, 12 dense shapes at M = 16-64): 64 weight rows per
-# program (one warpgroup), 128 of K per step, 4 stages, and enough K splits for two programs per SM. 80 registers per
-# thread at launch (the loader warp gives its share to the MMA warps, which get 136) fit three programs per SM where
-# shared memory allows (M <= 32): geomean over bf16 1.35 against 1.27 with 128 at M = 32, 1.13 against 1.14 at 64.
-# Slower: 128 rows per program, 64 of K per step, 3 or 6 stages, and separate (deeper) weight and activation rings.
-# 128 rows by 128 of K at M = 128 returned wrong values on the GPU (not understood; M = 65-128 stays on the tile
-# kernel).
-BLOCK_N, BLOCK_K, STAGES, MAX_ROWS, MAX_REGISTERS = 64, 128, 4, 64, 80
+# program (one warpgroup), 128 of K per step, 4 stages, enough K splits for two programs per SM, 128 registers per
+# thread at launch (two programs per SM). 80 registers (the loader warp gives its share to the MMA warps, which get
+# 136) fit three programs where shared memory allows and measured faster at M <= 32 (1.35 against 1.27 times bf16
+# at M = 32, equal at 64), but have not run the GPU tests: the in-flight wgmma bug (_mma_partition) hinged on register
+# allocation, so that change waits for them. Slower: 128 rows per program, 64 of K per step, 3 or 6 stages, separate
+# weight and activation rings. 128 rows by 128 of K at M = 128 returned wrong values on the GPU (not understood;
+# M = 65-128 stays on the tile kernel).
+BLOCK_N, BLOCK_K, STAGES, MAX_ROWS, MAX_REGISTERS = 64, 128, 4, 64, 128
 
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
-    """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups a power of two >= 16) on bf16 x of 17-64
-    rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of rows and bases."""
+    """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups of 32 or 128, the compiled and tested ones)
+    on bf16 x of 17-64 rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of rows and
+    bases."""
     m = x.shape[0] if x.dim() == 2 else 0
     return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.fmt.code == INT4
-            and w.experts is None and w.group >= 16 and w.group & (w.group - 1) == 0 and w.k % 32 == 0
-            and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+            and w.experts is None and w.group in (32, 128) and w.k % 32 == 0
+            and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.stride(0) >= w.k and x.data_ptr() % 16 == 0
             and w.values.stride(1) == 1 and w.values.stride(0) % 4 == 0 and w.values.data_ptr() % 16 == 0
             and capability(x.device) == (9, 0))
 
 
-def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets) -> Tensor:
+def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor]) -> Tensor:
     """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`; out: [M, N] contiguous;
     tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
     m, k = x.shape
     bm = max(16, triton.next_power_of_2(m))
     n_tiles = triton.cdiv(w.n, BLOCK_N)
-    split = max(1, min(triton.cdiv(k, BLOCK_K), 2 * sm_count(x.device) // n_tiles))
-    k_per_split = triton.cdiv(triton.cdiv(k, split), BLOCK_K) * BLOCK_K
-    split = triton.cdiv(k, k_per_split)  # no empty splits
+    k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, BLOCK_K), 2 * sm_count(x.device) // n_tiles)),
+                                      BLOCK_K)
     if split * m * w.n >= 2**31:
         raise ValueError(f"wgmma_int4: {split} splits x [{m}, {w.n}] partials overflow the kernel's int32 offsets")
     x_layout = gl.NVMMASharedLayout.get_default_for([bm, BLOCK_K], gl.bfloat16)

@@ -1,10 +1,5 @@
 """Reference computations for the kernel tests: float64 dequantization and rounding-error bounds; and the helpers
-the kernel test files share (the GPU marker, expert offsets, the sm_90 compile subprocess)."""
-
-import json
-import os
-import subprocess
-import sys
+the kernel test files share (the GPU marker, expert offsets)."""
 
 import pytest
 import torch
@@ -48,27 +43,3 @@ def gpu(test):
 def expert_offsets(counts: list[int], dtype=torch.int32, device="cpu") -> torch.Tensor:
     """[E + 1] offsets of rows sorted by expert, expert e holding counts[e] rows (grouped_gemm's contract)."""
     return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=dtype, device=device)
-
-
-def _sm90_compiler_available() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        get_ptxas(90)
-        return True
-    except Exception:
-        return False
-
-
-# Compile tests need Triton's NVIDIA backend and its bundled ptxas, not a GPU.
-needs_sm90_compiler = pytest.mark.skipif(not _sm90_compiler_available(),
-                                         reason="this triton install has no NVIDIA backend / ptxas")
-
-
-def compile_report(script: str) -> dict:
-    """Run a compile script in a fresh interpreter without TRITON_INTERPRET (the compiler, not the interpreter, must
-    see the kernels) and return the JSON report it prints last."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])

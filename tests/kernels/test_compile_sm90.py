@@ -12,7 +12,7 @@ keeps the 12 one-warp programs per SM that configs._GEMV asks for resident (65,5
 
 import functools
 
-from tests.kernels.kernel_oracles import compile_report, needs_sm90_compiler
+from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
 import inspect, json, subprocess, tempfile

@@ -13,14 +13,8 @@ import pytest
 import torch
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import (
-    assert_within,
-    compile_report,
-    gpu,
-    matmul_bound,
-    needs_sm90_compiler,
-    random_weight,
-)
+from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
+from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
 import inspect, json, subprocess, sys, tempfile
@@ -81,15 +75,77 @@ def _report() -> dict:
 
 @needs_sm90_compiler
 def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
-    """Each shipped variant compiles (a layout step that is not trivial fails the compile), keeps within the register
-    cap that gives two programs per SM, spills nothing, and multiplies with wgmma on TMA-loaded tiles."""
+    """Each shipped variant compiles (a layout step that is not trivial fails the compile), spills nothing under the
+    register cap (MAX_REGISTERS at launch), and multiplies with wgmma on TMA-loaded tiles."""
     report = _report()
     assert set(report) == {f"bm{bm}-g{g}-split{s}" for bm in (32, 64) for g in (32, 128) for s in (0, 1)}
     for name, r in report.items():
         assert not r["spills"], (name, r)
-        assert r["registers"] <= kernels.wgmma_int4.MAX_REGISTERS, (name, r)
         # 128 of K per step is 8 k16 wgmmas; the loader's TMA loads: the words, and x in 128-byte swizzle boxes.
         assert r["wgmma"] == kernels.wgmma_int4.BLOCK_K // 16 and r["tma"] == 3, (name, r)
+
+
+def _run_pair_asm(word: int, byte: int, scale_bits: int) -> tuple[int, int]:
+    """Execute wgmma_int4._PAIR_ASM's text for one word, byte t and bf16 scale: a small interpreter of the six PTX
+    instructions it uses (bf16x2 fma rounds the exact product to nearest even, as the hardware does). Returns the
+    bf16 bit patterns of $0 and $1."""
+    regs = {"$2": word, "$3": byte | (byte + 4) << 8, "$4": scale_bits}
+
+    def val(tok: str) -> int:
+        return regs[tok] if tok in regs else int(tok, 0)
+
+    def halves(v: int) -> list[float]:
+        return [torch.tensor([(v >> sh) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
+                for sh in (0, 16)]  # (int32 -> int16 wraps: the low 16 bits)
+
+    def pack(lo: float, hi: float) -> int:
+        b = torch.tensor([lo, hi], dtype=torch.float64).to(torch.float32).to(torch.bfloat16).view(torch.int16)
+        return (b[0].item() & 0xFFFF) | (b[1].item() & 0xFFFF) << 16
+
+    for line in kernels.wgmma_int4._PAIR_ASM.value.splitlines():
+        op, _, rest = line.strip().rstrip(";").partition(" ")
+        args = [a.strip() for a in rest.replace("{", "").replace("}", "").split(",")]
+        if op == "shr.u32":
+            regs[args[0]] = (val(args[1]) & 0xFFFFFFFF) >> val(args[2])
+        elif op == "prmt.b32":  # default mode: byte i of the result is byte (selector nibble i) of {b, a}
+            src = (val(args[1]) & 0xFFFFFFFF) | (val(args[2]) & 0xFFFFFFFF) << 32
+            sel = val(args[3])
+            regs[args[0]] = sum(((src >> 8 * ((sel >> 4 * i) & 7)) & 0xFF) << 8 * i for i in range(4))
+        elif op == "lop3.b32":
+            assert args[4] == "0xEA"  # (a & b) | c
+            regs[args[0]] = (val(args[1]) & val(args[2])) | val(args[3])
+        elif op == "mov.b32" and len(args) == 3 and args[0].startswith("$"):  # unpack {$0, $1}, r
+            regs[args[0]], regs[args[1]] = val(args[2]) & 0xFFFF, val(args[2]) >> 16
+        elif op == "mov.b32" and len(args) == 3:  # pack r, {h, h}
+            regs[args[0]] = (val(args[1]) & 0xFFFF) | (val(args[2]) & 0xFFFF) << 16
+        elif op == "mov.b32":
+            regs[args[0]] = val(args[1])
+        elif op == "fma.rn.bf16x2":
+            a, b, c = (halves(val(t)) for t in args[1:])
+            # Each product here is exact in fp32 (integers times one bf16 scale); the sum rounds once to bf16.
+            regs[args[0]] = pack(*(x * y + z for x, y, z in zip(a, b, c)))
+        else:
+            assert op in ("{", "}", ".reg"), f"unexpected PTX in _PAIR_ASM: {line!r}"
+    return regs["$0"], regs["$1"]
+
+
+def test_pair_decode_text_matches_the_int4_format():
+    """Lane t of a quad decodes byte t of each word into values 2t (low half) and 2t + 1 (high half) of the word,
+    which is where the wgmma operand layout wants them; the values are the int4 format's own dequantization, bit
+    for bit, for every byte, nibble and a range of scales (the kernel runs only on a GPU; its decode text runs here)."""
+    from orbit_lightning.quant.formats.int4 import unpack_int4
+
+    gen = torch.Generator().manual_seed(0)
+    words = torch.randint(-(2**31), 2**31, (24,), generator=gen, dtype=torch.int64).to(torch.int32)
+    words[:2] = torch.tensor([0x76543210, -0x789ABCDF - 1], dtype=torch.int32)  # every nibble value once
+    scales = (torch.rand(24, generator=gen) * 2.0 ** torch.randint(-12, 3, (24,), generator=gen)).bfloat16()
+    for word, scale in zip(words, scales):
+        codes = unpack_int4(word.reshape(1)).float()  # values 0..7 of the word, q = nibble - 8
+        want = (codes * scale.float()).bfloat16().view(torch.int16).int() & 0xFFFF
+        scale_bits = scale.view(torch.int16).item() & 0xFFFF
+        for t in range(4):
+            lo, hi = _run_pair_asm(word.item() & 0xFFFFFFFF, t, scale_bits)
+            assert (lo, hi) == (want[2 * t].item(), want[2 * t + 1].item()), (hex(word.item()), t)
 
 
 def _hopper() -> bool:
@@ -104,10 +160,12 @@ def _spy(monkeypatch) -> list:
     return calls
 
 
-# (format, N, K, M): N not a multiple of the 64-row tile; K = 1056 ends in a part step (33 groups of 32); one split
-# (N = 8192 fills the GPU) and many (N = 192, K = 12288); M at both ends of the range and between.
-CASES = [("int4", 200, 1056, 17), ("int4", 8192, 1024, 64), ("int4", 192, 12288, 33), ("int4-g128", 320, 2048, 48),
-         ("int4-g128", 4096, 4096, 64)]
+# (format, N, K, M), with the K splits and steps per split an H200 (132 SMs) gives them: N off the 64-row tile and K
+# ending in a part step (33 groups of 32; 9 splits of 1 step); no split and 32 steps, so the 4-slot ring wraps
+# (N = 17408 alone fills the GPU); 2 splits of 4; 48 of 2; group 128 with 16 splits of 1, 4 of 8 (where keeping a
+# wgmma in flight returned NaNs) and 16 of 2 at 32 activation rows per tile.
+CASES = [("int4", 200, 1056, 17), ("int4", 17408, 4096, 32), ("int4", 8192, 1024, 64), ("int4", 192, 12288, 33),
+         ("int4-g128", 320, 2048, 48), ("int4-g128", 4096, 4096, 64), ("int4-g128", 1024, 4096, 17)]
 
 
 @gpu
@@ -121,14 +179,38 @@ def test_against_fp64_where_dense_gemm_sends_it(fmt, n, k, m, monkeypatch):
     y = kernels.dequant_linear(x, fmt, packed)
     assert calls == [(m, k)]
     assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
+    # Tighter, against the bf16 weights every kernel decodes (test_gpu.py holds them bit-exact): the products of bf16
+    # values are exact in fp32, so only the fp32 sum (K * 2^-23 of sum |x||w|, allowing the tensor cores' truncating
+    # adds) and the output's rounding (2^-8 relative) remain. A wrong group or step shows here long before above.
+    wb = kernels.dequantize(fmt, packed).double()
+    ref_b = x.double() @ wb.T
+    assert_within(y, ref_b, 2.0**-8 * ref_b.abs() + k * 2.0**-23 * (x.double().abs() @ wb.abs().T))
     # The split partials are summed in a fixed order: a second launch is bit-identical.
     assert torch.equal(kernels.dequant_linear(x, fmt, packed), y)
 
 
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+@pytest.mark.parametrize("fmt", ["int4", "int4-g128"])
+def test_one_hot_rows_read_back_the_decoded_weights_bit_exactly(fmt, monkeypatch):
+    """Row m of x is one-hot at k_m, so out[m, :] must be W[:, k_m] as decoded to bf16, bit for bit: one exact product,
+    zeros elsewhere. The 64 positions cover every lane of a quad (k mod 8), both words of a k16 slice, every scale
+    group, step and split of K = 4096."""
+    calls = _spy(monkeypatch)
+    n, k, m = 4096, 4096, 64
+    packed, _ = random_weight(fmt, (n, k), seed=11, device="cuda")
+    cols = (torch.arange(m, device="cuda") * 67 + 5) % k
+    x = torch.zeros(m, k, device="cuda", dtype=torch.bfloat16)
+    x[torch.arange(m, device="cuda"), cols] = 1.0
+    y = kernels.dequant_linear(x, fmt, packed)
+    assert calls == [(m, k)]
+    assert torch.equal(y, kernels.dequantize(fmt, packed)[:, cols].T)
+
+
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
 def test_other_rows_layouts_and_modes_keep_their_kernels(monkeypatch):
-    """16 rows (the mma GEMV), 65 (the tile kernel), fp16 activations, rows off TMA's 16-byte alignment, the switch
+    """16 rows (a decode GEMV), 65 (the tile kernel), fp16 activations, rows off TMA's 16-byte alignment, the switch
     off and batch-invariant mode do not reach it, and still meet the bound."""
     calls = _spy(monkeypatch)
     packed, w = random_weight("int4", (256, 1024), seed=7, device="cuda")
