@@ -2,7 +2,7 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
-#   host trigger lora ktests trace rtests etests graphs)
+#   host trigger lora ktests trace rtests etests graphs wgmma)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -38,6 +38,8 @@ for s in $sections; do
     default) timeout 130 python3 -m orbit_lightning.cli model.device=cuda trainer.max_steps=200 trainer.eval_every=50 \
                trainer.output_dir="$OUT/default_run" >"$OUT/default.log" 2>&1 ;;
     kernels) timeout 200 python3 bench/kernels.py --sections dense,moe --budget 170 >"$OUT/kernels.log" 2>&1 ;;
+    # the warpgroup-MMA int4 GEMM at M = 16-64 against bf16 and the tile kernel (bench/RESULTS.md, twelfth session)
+    wgmma)   timeout 90 python3 bench/wgmma_sweep.py >"$OUT/wgmma.log" 2>&1 ;;
     # the model's MoE path per projection and as a whole MLP, then full RL steps of a MoE (the expert-chunk A/B)
     moe)     timeout 200 python3 bench/moe_paths.py --projections gate down gate_up --tokens 8192 16384 32768 --chunks 4 0 \
                --mlp >"$OUT/moe.log" 2>&1

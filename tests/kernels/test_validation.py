@@ -53,3 +53,11 @@ def test_tile_config_checks():
         kernels.TileConfig(16, 48, 32)
     with pytest.raises(ValueError, match="split_k"):
         kernels.TileConfig(16, 32, 32, split_k=-1)
+
+
+@pytest.mark.parametrize("length,splits,step", [(4096, 4, 128), (12288, 88, 128), (1056, 9, 128), (1000, 3, 64),
+                                                (128, 5, 128), (1, 7, 16)])
+def test_split_evenly_covers_the_length_in_whole_steps_without_empty_splits(length, splits, step):
+    per_split, n = kernels.configs.split_evenly(length, splits, step)
+    assert per_split % step == 0 and n <= splits
+    assert (n - 1) * per_split < length <= n * per_split  # the last split is not empty, and all are covered
