@@ -9,11 +9,11 @@ bench/RESULTS.md). Gluon fixes every layout by hand:
   activations are B, read from shared memory. M is wgmma's N side (16-64).
 - Warp-specialized: one loader warp fills a STAGES-deep ring with each K step's activations and packed words by
   TMA (rows past M, N or K read zeros: a zero word past K decodes to -8 times its scale, but meets zero
-  activations); the four MMA warps take the words from shared memory straight into the
-  operand's layout. A k16 slice of a row is two words, and lane t of a quad holds values 2t, 2t + 1 and 2t + 8,
-  2t + 9: byte t of each word. `prmt` places that byte's nibbles 16 bits apart, then dequant.py's bf16 decode (lop3
-  into bf16 128 + n, fma by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other
-  kernel's weights. Every layout step is checked trivial at compile time (convert_layout(assert_trivial=True)).
+  activations); the four MMA warps take the words from shared memory straight into the operand's layout. A k16
+  slice of a row is two words, and lane t of a quad holds values 2t, 2t + 1 and 2t + 8, 2t + 9: byte t of each
+  word. `prmt` places that byte's nibbles 16 bits apart, then dequant.py's bf16 decode (lop3 into bf16 128 + n, fma
+  by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other kernel's weights. Every layout
+  step is checked trivial at compile time (convert_layout(assert_trivial=True)).
 - Each step's wgmma completes before the next step decodes into its register operand (see _mma_partition); two
   programs per SM overlap one's decode with the other's MMA. Scales are too small per row for TMA and load into
   registers three steps ahead.
@@ -52,9 +52,9 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 # Byte t of the word ($2) and of the word shifted by 4 bits, by the prmt selector $3 = t | (t + 4) << 8, puts the
-# byte's low nibble (value 2p) at bit 0 and its high nibble (value 2p + 1) at bit 16; then dequant.py's decode of
-# one register (its own lines, so that the two cannot drift apart): lop3 into bf16 128 + n, fma by -136, fma by the
-# scale $4.
+# byte's low nibble (value 2t of the word) at bit 0 and its high nibble (value 2t + 1) at bit 16; then dequant.py's
+# decode of one register (its own lines, so that the two cannot drift apart): lop3 into bf16 128 + n, fma by -136,
+# fma by the scale $4.
 _DECODE_LINES = ("mov.b32 s2,", "mov.b32 one,", "mov.b32 off,", "mov.b32 nz,", "lop3.b32 t0,", "fma.rn.bf16x2 t0,")
 _PAIR_ASM = gl.constexpr(
     "{\n.reg .b32 w4, t0, s2, one, off, nz;\nshr.u32 w4, $2, 4;\nprmt.b32 t0, $2, w4, $3;\n"
