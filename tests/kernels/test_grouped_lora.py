@@ -200,7 +200,7 @@ def _lora_experts_decode(device, monkeypatch, rel, experts=16, hidden=512, backw
 
 @cpu
 def test_lora_experts_decode_plumbing_under_the_interpreter(monkeypatch):
-    """The model's route to the decode kernel (LoraExperts -> QuantExperts.decode_kernel -> quant.dispatch ->
+    """The model's route to the decode kernel (LoraExperts -> QuantExperts.decode_by_kernel -> quant.dispatch ->
     kernels), forced onto the CPU: device groups and the mma kernel are CUDA-only choices, so the test takes them
     (dispatch.fused_grouped, linear.fast_int4 and linear.pick_grouped_mma answer as on a GPU); the kernels then run
     with their PTX emulated. Bound 2^-4: the interpreter truncates each of the ~6 bf16 roundings on either path."""

@@ -131,7 +131,7 @@ class LoraExperts(AdapterLayer):
         t = self.active_tensors()
         if t is None or proj not in self.projections:
             return self.base_layer.linear(proj, x, groups)
-        fused = self._decode_kernel(x, groups, (proj,), t)
+        fused = self._decode_by_kernel(x, groups, (proj,), t)
         if fused is not None:
             return fused
         y = self.base_layer.linear(proj, x, groups)
@@ -144,16 +144,16 @@ class LoraExperts(AdapterLayer):
         if t is None or not {"gate_proj", "up_proj"} & set(self.projections):
             return self.base_layer.swiglu(x, groups)  # (the base's fused decode kernel, where it has one)
         if {"gate_proj", "up_proj"} <= set(self.projections):
-            fused = self._decode_kernel(x, groups, ("gate_proj", "up_proj"), t)
+            fused = self._decode_by_kernel(x, groups, ("gate_proj", "up_proj"), t)
             if fused is not None:
                 return fused
         return Experts.swiglu(self, x, groups)  # the two projections through this layer's `linear`
 
-    def _decode_kernel(self, x: Tensor, groups: ExpertGroups, projs: tuple[str, ...], t: dict[str, Tensor]
+    def _decode_by_kernel(self, x: Tensor, groups: ExpertGroups, projs: tuple[str, ...], t: dict[str, Tensor]
                        ) -> Tensor | None:  # fmt: skip
         """The base's decode kernel (packed experts: one launch for A x, one for the projections with s B (A x) in
         their epilogue; SwiGLU's first half for gate and up) where it serves, else None."""
-        fused, k = getattr(self.base_layer, "decode_kernel", None), kernels_module()
+        fused, k = getattr(self.base_layer, "decode_by_kernel", None), kernels_module()
         a, b = tuple(t[f"{p}_lora_A"] for p in projs), tuple(t[f"{p}_lora_B"] for p in projs)
         if (fused is None or k is None or any(m.dtype != x.dtype for m in a + b)
                 or torch.is_grad_enabled() and any(m.requires_grad for m in a + b)):  # (no backward for A, B)

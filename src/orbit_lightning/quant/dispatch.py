@@ -114,7 +114,7 @@ def dequant_grouped(x: Tensor, experts, proj: str, groups: ExpertGroups) -> Tens
     return grouped_mm(x, w, groups)
 
 
-def decode_kernel(x: Tensor, experts, groups: ExpertGroups, proj: str | None = None, lora=None) -> Tensor | None:
+def decode_by_kernel(x: Tensor, experts, groups: ExpertGroups, proj: str | None = None, lora=None) -> Tensor | None:
     """Rows of x grouped by expert through the decode kernel where it serves (device groups of a few rows per expert),
     else None: proj None: SwiGLU's first half, silu(x_g @ Gate[e_g]^T) * (x_g @ Up[e_g]^T), in one launch; else that
     projection. lora (kernels.ExpertLora, gate then up for SwiGLU): the projections' expert LoRA, added in the

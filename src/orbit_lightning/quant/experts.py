@@ -84,17 +84,17 @@ class QuantExperts(Experts):
         return dequant_grouped(x, self, proj, groups)
 
     def swiglu(self, x: Tensor, groups: ExpertGroups) -> Tensor:
-        h = self.decode_kernel(x, groups)
+        h = self.decode_by_kernel(x, groups)
         return h if h is not None else super().swiglu(x, groups)
 
-    def decode_kernel(self, x: Tensor, groups: ExpertGroups, proj: str | None = None, lora=None) -> Tensor | None:
-        """quant.dispatch.decode_kernel (SwiGLU's first half for proj None, or `proj`, with `lora`'s expert LoRA)
+    def decode_by_kernel(self, x: Tensor, groups: ExpertGroups, proj: str | None = None, lora=None) -> Tensor | None:
+        """quant.dispatch.decode_by_kernel (SwiGLU's first half for proj None, or `proj`, with `lora`'s expert LoRA)
         where it serves and no autograd graph is needed (the kernel has no backward); None elsewhere."""
         if torch.is_grad_enabled() and x.requires_grad:
             return None
-        from .dispatch import decode_kernel
+        from .dispatch import decode_by_kernel
 
-        return decode_kernel(x, self, groups, proj, lora)
+        return decode_by_kernel(x, self, groups, proj, lora)
 
     @classmethod
     def from_experts(cls, experts: Experts, fmt: QuantFormat | str) -> QuantExperts:
