@@ -38,7 +38,7 @@ from .linear import (
 from .logsumexp import logsumexp
 from .lora import lora_add, lora_add_many
 from .mode import batch_invariant, is_batch_invariant, set_batch_invariant
-from .moe_combine import moe_combine, moe_combine_backward, slot_sum
+from .moe_combine import COMBINE_DTYPES, moe_combine, moe_combine_backward, slot_sum
 from .moe_route import softmax_topk
 from .moe_sort import sort_by_expert
 from .rmsnorm import add_rms_norm, rms_norm
@@ -72,6 +72,7 @@ __all__ = [
     "logsumexp",
     "lora_add",
     "lora_add_many",
+    "COMBINE_DTYPES",
     "moe_combine",
     "moe_combine_backward",
     "paged_attention",

@@ -26,7 +26,7 @@ from torch import Tensor
 from .pdl import use_pdl, wait_for_producers
 
 _BLOCK = 1024
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+COMBINE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # the rows the combine kernels take
 
 
 @triton.jit
@@ -78,7 +78,7 @@ def _combine_backward_kernel(dout_ptr, ys_ptr, order_ptr, w_ptr, gys_ptr, gw_ptr
 def _check(what: str, rows: tuple[int, ...], dtype: torch.dtype, device: torch.device, index: Tensor,
            w: Tensor | None, k: int) -> None:
     """rows, dtype, device: those of the [T * k, D] rows; index: the permutation; w: the [T, k] weights, if any."""
-    if len(rows) != 2 or dtype not in _DTYPES:
+    if len(rows) != 2 or dtype not in COMBINE_DTYPES:
         raise ValueError(f"{what}: rows must be 2-D bf16/fp16/fp32 [T * k, D], got {rows} {dtype}")
     if index.dtype != torch.int64 or index.dim() != 1 or index.numel() != rows[0]:
         raise ValueError(f"{what}: the permutation must be int64 [T * k] = [{rows[0]}], "

@@ -287,8 +287,8 @@ def _kernel_combine(rows: Tensor) -> bool:
     """Whether the combine (and the dispatch's backward) take their one-launch kernels (kernels.moe_combine): on
     CUDA where the kernels run. Bitwise torch's steps there, so the engine and the trainer agree whichever path
     each takes; the CPU keeps torch's ops (the interpreter's bf16 casts truncate)."""
-    return (KERNEL_COMBINE and rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and kernels_run_on(rows.device))
+    return (KERNEL_COMBINE and rows.is_cuda and kernels_run_on(rows.device)
+            and rows.dtype in kernels_module().COMBINE_DTYPES)
 
 
 class _KernelCombine(torch.autograd.Function):
