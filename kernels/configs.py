@@ -219,7 +219,7 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
 def max_row_tiles(rows: int, block_m: int, experts: int) -> int:
     """Row tiles the grouped kernels' grids provide for `rows` rows sorted over `experts` experts, each expert's rows
     in tiles of block_m: each tile holds >= 1 row and each expert wastes < 1 tile."""
-    return min(rows, -(-rows // block_m) + experts)
+    return min(rows, _cdiv(rows, block_m) + experts)
 
 
 # MoE decode, int4 (groups >= 32) on bf16: grouped_mma.py, gemv_mma.py's loop on one expert's 8-row tile per program.
@@ -310,12 +310,12 @@ def _cdiv(a: int, b: int) -> int:
 
 def auto_split(cfg: TileConfig, programs: int, r: int, device: torch.device) -> int:
     """Number of reduction splits: cfg.split_k, or (when it is 0) enough to give ~2 programs per SM."""
-    n_r_tiles = -(-r // cfg.block_r)
+    n_r_tiles = _cdiv(r, cfg.block_r)
     if cfg.split_k:
         return max(1, min(cfg.split_k, n_r_tiles))
     if device.type != "cuda":
         return 1
-    want = -(-2 * sm_count(device) // max(programs, 1))
+    want = _cdiv(2 * sm_count(device), max(programs, 1))
     return max(1, min(want, n_r_tiles, 32))
 
 
@@ -323,10 +323,10 @@ def gemv_splits(cfg: GemvConfig, programs: int, k: int, device: torch.device, st
     """Iterations per program of the small-M kernel (each covers `step` of K): cfg.k_iters, or (when it is
     0) the fewest that leave about cfg.programs_per_sm programs per SM over `programs` output tiles (one
     split on the CPU)."""
-    n_k_tiles = -(-k // step)
+    n_k_tiles = _cdiv(k, step)
     if cfg.k_iters:
         return min(cfg.k_iters, n_k_tiles)
     if device.type != "cuda":
         return n_k_tiles
-    splits = max(1, min(n_k_tiles, -(-cfg.programs_per_sm * sm_count(device) // max(programs, 1))))
-    return -(-n_k_tiles // splits)
+    splits = max(1, min(n_k_tiles, _cdiv(cfg.programs_per_sm * sm_count(device), max(programs, 1))))
+    return _cdiv(n_k_tiles, splits)

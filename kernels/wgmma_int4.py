@@ -26,6 +26,7 @@ the GPU tests hold it to the fp64 oracle.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -248,6 +249,12 @@ def supports(x: Tensor, w: PackedWeight) -> bool:
             and capability(x.device) == (9, 0))
 
 
+@functools.cache
+def _smem_layout(rows: int, cols: int, dtype: str) -> gl.NVMMASharedLayout:
+    """The TMA tiles' shared-memory layout (the same per tile shape; built once, not on every decode launch)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], {"bf16": gl.bfloat16, "int32": gl.int32}[dtype])
+
+
 def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor]) -> Tensor:
     """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`; out: [M, N] contiguous;
     tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
@@ -258,11 +265,9 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
                                       BLOCK_K)
     if split * m * w.n >= 2**31:
         raise ValueError(f"wgmma_int4: {split} splits x [{m}, {w.n}] partials overflow the kernel's int32 offsets")
-    x_layout = gl.NVMMASharedLayout.get_default_for([bm, BLOCK_K], gl.bfloat16)
-    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, BLOCK_K], x_layout)
-    w_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K // 8], gl.int32)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, BLOCK_K], _smem_layout(bm, BLOCK_K, "bf16"))
     w_desc = TensorDescriptor(w.values, list(w.values.shape), list(w.values.stride()), [BLOCK_N, BLOCK_K // 8],
-                              w_layout)
+                              _smem_layout(BLOCK_N, BLOCK_K // 8, "int32"))
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = tickets(n_tiles) if split > 1 else out
     _wgmma_int4_kernel[(n_tiles, split)](
