@@ -36,19 +36,25 @@ for bm in (32, 64):
         for split in (False, True):
             x = torch.empty(bm, 4096, dtype=torch.bfloat16)
             words = torch.empty(4096, 512, dtype=torch.int32)
+            scales = torch.empty(4096, 4096 // group, dtype=torch.bfloat16)
             descs = {"x_desc": TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, wg.BLOCK_K],
                                                 gl.NVMMASharedLayout.get_default_for([bm, wg.BLOCK_K], gl.bfloat16)),
                      "w_desc": TensorDescriptor(words, list(words.shape), list(words.stride()),
                                                 [wg.BLOCK_N, wg.BLOCK_K // 8],
                                                 gl.NVMMASharedLayout.get_default_for([wg.BLOCK_N, wg.BLOCK_K // 8],
-                                                                                     gl.int32))}
-            const = dict(GROUP=group, BN=wg.BLOCK_N, BM=bm, BK=wg.BLOCK_K, STAGES=wg.STAGES, SPLIT=split, num_warps=4)
-            pointers = {"s_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+                                                                                     gl.int32)),
+                     "s_desc": TensorDescriptor(scales, list(scales.shape), list(scales.stride()),
+                                                [wg.BLOCK_N, wg.SCALE_CHUNK.value],
+                                                gl.NVMMASharedLayout.get_default_for(
+                                                    [wg.BLOCK_N, wg.SCALE_CHUNK.value], gl.bfloat16))}
+            const = dict(GROUP=group, BN=wg.BLOCK_N, BM=bm, BK=wg.BLOCK_K, STAGES=wg.STAGES, SSTAGES=wg.SCALE_STAGES,
+                         SPLIT=split, num_warps=4)
+            pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
             sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
                    for n in names}
             # Triton's launch-time specializations (16-divisible pointers and sizes) shape the code; pass them.
             attrs = {(names.index(n),): [["tt.divisibility", 16]]
-                     for n in ("s_ptr", "out_ptr", "ws_ptr", "cnt_ptr", "stride_sn", "stride_om", "K", "N")}
+                     for n in ("out_ptr", "ws_ptr", "cnt_ptr", "stride_om", "K", "N")}
             src = GluonASTSource(fn=wg._wgmma_int4_kernel, signature=sig, attrs=attrs,
                                  constexprs={(names.index(k),): v for k, v in const.items()})
             compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -81,8 +87,10 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     assert set(report) == {f"bm{bm}-g{g}-split{s}" for bm in (32, 64) for g in (32, 128) for s in (0, 1)}
     for name, r in report.items():
         assert not r["spills"], (name, r)
-        # 128 of K per step is 8 k16 wgmmas; the loader's TMA loads: the words, and x in 128-byte swizzle boxes.
-        assert r["wgmma"] == kernels.wgmma_int4.BLOCK_K // 16 and r["tma"] == 3, (name, r)
+        # 128 of K per step is 8 k16 wgmmas per step of a scale chunk (2 steps at group 32, 8 at 128, unrolled); the
+        # loader's TMA loads: the scale chunk, the words, and x in 128-byte swizzle boxes (two per step).
+        steps = kernels.wgmma_int4.SCALE_CHUNK.value * int(name.split("-g")[1].split("-")[0]) // 128
+        assert r["wgmma"] == kernels.wgmma_int4.BLOCK_K // 16 * steps and r["tma"] == 1 + 3 * steps, (name, r)
 
 
 def _run_pair_asm(word: int, byte: int, scale_bits: int) -> tuple[int, int]:
@@ -160,11 +168,12 @@ def _spy(monkeypatch) -> list:
     return calls
 
 
-# (format, N, K, M), with the K splits and steps per split an H200 (132 SMs) gives them: N off the 64-row tile and K
-# ending in a part step (33 groups of 32; 9 splits of 1 step); no split and 32 steps, so the 4-slot ring wraps
-# (N = 17408 alone fills the GPU); 2 splits of 4; 48 of 2; group 128 with 16 splits of 1, 4 of 8 (where keeping a
-# wgmma in flight returned NaNs) and 16 of 2 at 32 activation rows per tile.
-CASES = [("int4", 200, 1056, 17), ("int4", 17408, 4096, 32), ("int4", 8192, 1024, 64), ("int4", 192, 12288, 33),
+# (format, N, K, M), with the K splits and steps per split an H200 (132 SMs) gives them (splits take whole scale
+# chunks of 8 groups: 2 steps at group 32, 8 at 128): N off the 64-row tile, 5 splits of 1 chunk; no split and 32
+# steps, so the 4-slot ring and the scale ring wrap (N = 17408 alone fills the GPU); 2 splits of 4 steps; 48 of 2;
+# group 128 with 2 splits of 8 steps, 4 of 8 at 64 rows (where keeping a wgmma in flight returned NaNs) and 4 of 8 at
+# 32 activation rows per tile.
+CASES = [("int4", 200, 1280, 17), ("int4", 17408, 4096, 32), ("int4", 8192, 1024, 64), ("int4", 192, 12288, 33),
          ("int4-g128", 320, 2048, 48), ("int4-g128", 4096, 4096, 64), ("int4-g128", 1024, 4096, 17)]
 
 
@@ -210,8 +219,9 @@ def test_one_hot_rows_read_back_the_decoded_weights_bit_exactly(fmt, monkeypatch
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
 def test_other_rows_layouts_and_modes_keep_their_kernels(monkeypatch):
-    """16 rows (a decode GEMV), 65 (the tile kernel), fp16 activations, rows off TMA's 16-byte alignment, the switch
-    off and batch-invariant mode do not reach it, and still meet the bound."""
+    """16 rows (a decode GEMV), 65 (the tile kernel), fp16 activations, rows off TMA's 16-byte alignment, K not in whole
+    scale chunks (1536 of group 128: DeepSeek-V3's q_b), the switch off and batch-invariant mode do not reach it, and
+    still meet the bound."""
     calls = _spy(monkeypatch)
     packed, w = random_weight("int4", (256, 1024), seed=7, device="cuda")
     x = torch.randn(80, 1032, generator=torch.Generator("cuda").manual_seed(8), device="cuda").bfloat16()
@@ -219,6 +229,10 @@ def test_other_rows_layouts_and_modes_keep_their_kernels(monkeypatch):
     for xs in cases:
         ref = xs.double() @ w.T
         assert_within(kernels.dequant_linear(xs, "int4", packed), ref, matmul_bound(xs, w, ref, 2.0**-8))
+    packed_q, w_q = random_weight("int4-g128", (256, 1536), seed=9, device="cuda")
+    xq = torch.randn(32, 1536, generator=torch.Generator("cuda").manual_seed(9), device="cuda").bfloat16()
+    ref = xq.double() @ w_q.T
+    assert_within(kernels.dequant_linear(xq, "int4-g128", packed_q), ref, matmul_bound(xq, w_q, ref, 2.0**-8))
     with kernels.batch_invariant():
         kernels.dequant_linear(x[:32, :1024], "int4", packed)
     monkeypatch.setattr(kernels.configs, "WGMMA_INT4", False)
