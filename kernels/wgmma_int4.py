@@ -1,12 +1,12 @@
-"""int4 x bf16 GEMM on Hopper's warpgroup MMA (written in Gluon) for the rollout's decode batches: 17-64 rows.
+"""int4 x bf16 GEMM on Hopper's warpgroup MMA (written in Gluon) for the rollout's decode batches: 9-64 rows.
 
-Why a third dense kernel: at 17-64 rows the GEMM is still bound by the weight bytes, where int4 should be up to 4x
+Why a third dense kernel: at 9-64 rows the GEMM is still bound by the weight bytes, where int4 should be up to 4x
 faster than bf16; yet Triton's tile kernel (gemm.py) decodes its weight tile in a blocked layout, moves it to the
 MMA operand layout through shared memory, and lost to cuBLAS on a bf16 weight four times its size (0.83x at M = 64,
 bench/RESULTS.md). Gluon fixes every layout by hand:
 
 - Swapped product, out^T [N, M] = W [N, K] x^T: the weight is wgmma's A operand, which lives in registers; the
-  activations are B, read from shared memory. M is wgmma's N side (16-64).
+  activations are B, read from shared memory. M is wgmma's N side (tiles of 16, 32 or 64 rows).
 - Warp-specialized: one loader warp fills a STAGES-deep ring with each K step's activations and packed words by
   TMA (rows past M, N or K read zeros: a zero word past K decodes to -8 times its scale, but meets zero
   activations); the four MMA warps take the words from shared memory straight into the operand's layout. A k16
@@ -14,9 +14,10 @@ bench/RESULTS.md). Gluon fixes every layout by hand:
   word. `prmt` places that byte's nibbles 16 bits apart, then dequant.py's bf16 decode (lop3 into bf16 128 + n, fma
   by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other kernel's weights. Every layout
   step is checked trivial at compile time (convert_layout(assert_trivial=True)).
-- Each step's wgmma completes before the next step decodes into its register operand (see _mma_partition); two
-  programs per SM overlap one's decode with the other's MMA. Scales are too small per row for TMA and load into
-  registers three steps ahead.
+- Each step's wgmma completes before the next step decodes into its register operand (see _mma_partition); two or
+  three programs per SM overlap one's decode with another's MMA. A step's scales are a few bytes per row, below
+  TMA's 16-byte box: the loader fetches chunks of 8 groups (2 steps at group 32, 8 at 128) into a ring of their
+  own, and the MMA warps read each step's from shared memory.
 - The K range splits over programs when N alone does not fill the GPU; the last program to finish a tile sums the
   fp32 partials in split order (gemm.py's scheme), so results do not depend on timing.
 
@@ -46,7 +47,7 @@ from .configs import capability, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
 
-MIN_ROWS = 17  # below, the decode GEMVs (gemv.py, gemv_mma.py) serve
+MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
 SCALE_CHUNK = gl.constexpr(8)
 
@@ -233,16 +234,22 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K
         gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
 
 
-# The measured config (bench/RESULTS.md, twelfth session; H200, 12 dense shapes at M = 16-64): 64 weight rows per
-# program (one warpgroup), 128 of K per step, 4 stages, enough K splits for two programs per SM, 128 registers per
-# thread at launch (two programs per SM). 80 registers (the loader warp gives its share to the MMA warps, which get
-# 136) fit three programs where shared memory allows and measured faster at M <= 32 (1.35 against 1.27 times bf16
-# at M = 32, equal at 64), but have not run the GPU tests: the in-flight wgmma bug (_mma_partition) hinged on register
-# allocation, so that change waits for them. Slower: 128 rows per program, 64 of K per step, 3 or 6 stages, separate
-# weight and activation rings. 128 rows by 128 of K at M = 128 returned wrong values on the GPU (not understood;
-# M = 65-128 stays on the tile kernel).
-BLOCK_N, BLOCK_K, STAGES, MAX_ROWS, MAX_REGISTERS = 64, 128, 4, 64, 128
+# The measured config (bench/RESULTS.md, twelfth and thirteenth sessions; H200, 12 dense shapes at M = 16-64): 64
+# weight rows per program (one warpgroup), 128 of K per step, 4 stages, enough K splits for two programs per SM.
+# Scales come by TMA in chunks of 8 groups (their own ring) and are read from shared memory: with per-step loads from
+# global memory into registers, group 32 measured 1.35 / 1.29 / 1.16x bf16 at M = 16 / 32 / 64, with the ring 1.59 /
+# 1.49 / 1.33 (group 128, one scale per step, was unchanged). Slower: 128 rows per program, 64 of K per step, 3 or 6
+# stages, separate weight and activation rings. 128 rows by 128 of K at M = 128 returned wrong values on the GPU
+# (not understood; M = 65-128 stays on the tile kernel).
+BLOCK_N, BLOCK_K, STAGES, MAX_ROWS = 64, 128, 4, 64
 SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them
+
+
+def max_registers(bm: int, group: int) -> int:
+    """Registers per thread at launch. 80 (the loader warp gives its share to the MMA warps) fits three programs per
+    SM, which measured faster at M <= 32 (1.70 / 1.60x bf16 at M = 16 / 32 against 1.59 / 1.49 at 128) and no slower
+    at 64; only 64 rows with group 128 spill there (compile test), and keep 128."""
+    return 128 if bm == 64 and group == 128 else 80
 
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
@@ -285,5 +292,5 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
         _desc(x, [bm, BLOCK_K], "bf16"), _desc(w.values, [BLOCK_N, BLOCK_K // 8], "int32"),
         _desc(w.scale, [BLOCK_N, SCALE_CHUNK.value], "bf16"), out, ws, cnt, m, w.n, k, k_per_split, split,
         out.stride(0), GROUP=w.group, BN=BLOCK_N, BM=bm, BK=BLOCK_K, STAGES=STAGES, SSTAGES=SCALE_STAGES,
-        SPLIT=split > 1, num_warps=4, maxnreg=MAX_REGISTERS)
+        SPLIT=split > 1, num_warps=4, maxnreg=max_registers(bm, w.group))
     return out
