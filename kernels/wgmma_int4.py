@@ -254,7 +254,7 @@ def max_registers(bm: int, group: int) -> int:
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
     """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups of 32 or 128, the compiled and tested ones)
-    on bf16 x of 17-64 rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of the rows and
+    on bf16 x of 9-64 rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of the rows and
     bases of x, the words and the scales (scale rows of whole 8-group boxes: K a multiple of 8 groups)."""
     m = x.shape[0] if x.dim() == 2 else 0
     return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.fmt.code == INT4
