@@ -23,7 +23,7 @@ SWITCHES = {
     "--unfused-swiglu": ("orbit_lightning.kernels.configs", "GROUPED_MMA_SWIGLU", False,
                          "MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)"),
     "--no-wgmma": ("orbit_lightning.kernels.configs", "WGMMA_INT4", False,
-                   "dense int4 at 17-64 rows through the tile kernel instead of kernels/wgmma_int4.py"),
+                   "dense int4 at 9-64 rows through the decode GEMV / tile kernel instead of kernels/wgmma_int4.py"),
 }  # fmt: skip
 
 

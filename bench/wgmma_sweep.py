@@ -3,9 +3,10 @@
     python bench/wgmma_sweep.py
 
 For the 12 dense shapes of bench/kernels.py at M = 16, 32, 64: bf16 cuBLAS, the dispatch with configs.WGMMA_INT4
-off ("tile": the tile kernel; at M = 16 the mma GEMV), and the wgmma kernel called directly at 128 and 80 registers
-per thread (MAX_REGISTERS). graph_us (cold L2) in microseconds; ratios are bf16 time / kernel time; errors are max
-|y - fp32 reference| over max |reference|. This is the script behind bench/RESULTS.md's twelfth-session table.
+off ("tile": the tile kernel; at M = 16 the tile GEMV), and the wgmma kernel called directly at 128 and 80 registers
+per thread (wgmma_int4.max_registers ships 80, and 128 at 64 rows with group 128). graph_us (cold L2) in
+microseconds; ratios are bf16 time / kernel time; errors are max |y - fp32 reference| over max |reference|. The
+script behind bench/RESULTS.md's twelfth-session table (the thirteenth's scale-ring A/B ran a copy of it, .gl/).
 """
 import importlib.util
 import math
@@ -24,12 +25,12 @@ from orbit_lightning.quant.formats import get_format
 spec = importlib.util.spec_from_file_location("bk", os.path.join(os.path.dirname(__file__), "kernels.py"))
 bk = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bk)
-SHIPPED_REGISTERS = wg.MAX_REGISTERS
+SHIPPED_REGISTERS = wg.max_registers
 
 
 def direct(x, pw, n: int, regs: int) -> torch.Tensor:
-    """The wgmma kernel on x at `regs` registers per thread (bypassing the dispatch, so M = 16 runs too)."""
-    wg.MAX_REGISTERS = regs
+    """The wgmma kernel on x at `regs` registers per thread (bypassing the dispatch)."""
+    wg.max_registers = lambda bm, group: regs
     out = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda")
     return wg.wgmma_int4(x, pw, out, lambda c: _tickets(x.device, c))
 
@@ -59,7 +60,7 @@ def main() -> None:
                         t[f"wgmma{regs}"] = bk.graph_us(direct, x, pw, n, regs)
                     else:
                         print(f"WRONG wgmma{regs} {model}.{layer} M={m}: {err:.2e}")
-                wg.MAX_REGISTERS = SHIPPED_REGISTERS
+                wg.max_registers = SHIPPED_REGISTERS
                 for name, v in t.items():
                     ratios.setdefault((m, name), []).append(t["bf16"] / v)
                 print(f"{model:16} {layer:12} {n:6} {k:6} {m:3} | " + " ".join(f"{a} {v:6.1f}" for a, v in t.items())

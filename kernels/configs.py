@@ -267,8 +267,8 @@ def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
 # Decode int4 with the packed-bf16 PTX path when activations are bf16 (see dequant.py); set False to
 # force the generic fp32 decoder, e.g. to compare the two bit for bit.
 FAST_INT4 = True
-# int4 on bf16 at 17-64 rows on Hopper: the warpgroup-MMA kernel (wgmma_int4.py) instead of the tile kernel; set False
-# to compare the two (bench/rollout.py --no-wgmma).
+# int4 on bf16 at 9-64 rows on Hopper: the warpgroup-MMA kernel (wgmma_int4.py) instead of the decode GEMV (9-16) and
+# the tile kernel (17-64); set False to compare (bench/rollout.py --no-wgmma).
 WGMMA_INT4 = True
 
 

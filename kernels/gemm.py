@@ -210,6 +210,14 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         return out.reshape(*lead, p)
     if r == 0:
         return out.zero_().reshape(*lead, p)
+    if (config is None and not dx and configs.WGMMA_INT4 and fast_int4(w, a.dtype) and not is_batch_invariant()
+            and wgmma_supports(a2, w)):
+        # 9-64 rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA added after it. At 9-16
+        # rows it beats the decode GEMV below even with the GEMV's LoRA in its launch (bench/RESULTS.md, thirteenth).
+        out = wgmma_int4(a2, w, out, lambda n: _tickets(a.device, n))
+        if lora is not None:
+            out = lora_add_many(out, a2, *lora)
+        return out.reshape(*lead, p)
     if config is None and not dx and w.fmt.code != PLAIN:
         # Decode sizes: the bandwidth-bound small-M kernel (never in batch-invariant mode, which keeps
         # its one fixed tile config for every M; pick_gemv returns None there).
@@ -222,13 +230,6 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
             if lora is not None and not fused:
                 out = lora_add_many(out, a2, *lora)
             return out.reshape(*lead, p)
-    if (config is None and not dx and configs.WGMMA_INT4 and fast_int4(w, a.dtype) and not is_batch_invariant()
-            and wgmma_supports(a2, w)):
-        # 17-64 rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA added after it.
-        out = wgmma_int4(a2, w, out, lambda n: _tickets(a.device, n))
-        if lora is not None:
-            out = lora_add_many(out, a2, *lora)
-        return out.reshape(*lead, p)
     cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype, r if fast_int4(w, a.dtype) else 0)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
     split = auto_split(cfg, n_tiles, r, a.device)

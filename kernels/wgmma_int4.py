@@ -1,12 +1,12 @@
-"""int4 x bf16 GEMM on Hopper's warpgroup MMA (written in Gluon) for the rollout's decode batches: 17-64 rows.
+"""int4 x bf16 GEMM on Hopper's warpgroup MMA (written in Gluon) for the rollout's decode batches: 9-64 rows.
 
-Why a third dense kernel: at 17-64 rows the GEMM is still bound by the weight bytes, where int4 should be up to 4x
+Why a third dense kernel: at 9-64 rows the GEMM is still bound by the weight bytes, where int4 should be up to 4x
 faster than bf16; yet Triton's tile kernel (gemm.py) decodes its weight tile in a blocked layout, moves it to the
 MMA operand layout through shared memory, and lost to cuBLAS on a bf16 weight four times its size (0.83x at M = 64,
 bench/RESULTS.md). Gluon fixes every layout by hand:
 
 - Swapped product, out^T [N, M] = W [N, K] x^T: the weight is wgmma's A operand, which lives in registers; the
-  activations are B, read from shared memory. M is wgmma's N side (16-64).
+  activations are B, read from shared memory. M is wgmma's N side (tiles of 16, 32 or 64 rows).
 - Warp-specialized: one loader warp fills a STAGES-deep ring with each K step's activations and packed words by
   TMA (rows past M, N or K read zeros: a zero word past K decodes to -8 times its scale, but meets zero
   activations); the four MMA warps take the words from shared memory straight into the operand's layout. A k16
@@ -14,9 +14,10 @@ bench/RESULTS.md). Gluon fixes every layout by hand:
   word. `prmt` places that byte's nibbles 16 bits apart, then dequant.py's bf16 decode (lop3 into bf16 128 + n, fma
   by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other kernel's weights. Every layout
   step is checked trivial at compile time (convert_layout(assert_trivial=True)).
-- Each step's wgmma completes before the next step decodes into its register operand (see _mma_partition); two
-  programs per SM overlap one's decode with the other's MMA. Scales are too small per row for TMA and load into
-  registers three steps ahead.
+- Each step's wgmma completes before the next step decodes into its register operand (see _mma_partition); two or
+  three programs per SM overlap one's decode with another's MMA. A step's scales are a few bytes per row, below
+  TMA's 16-byte box: the loader fetches chunks of 8 groups (2 steps at group 32, 8 at 128) into a ring of their
+  own, and the MMA warps read each step's from shared memory.
 - The K range splits over programs when N alone does not fill the GPU; the last program to finish a tile sums the
   fp32 partials in split order (gemm.py's scheme), so results do not depend on timing.
 
@@ -46,7 +47,9 @@ from .configs import capability, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
 
-MIN_ROWS = 17  # below, the decode GEMVs (gemv.py, gemv_mma.py) serve
+MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
+# Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
+SCALE_CHUNK = gl.constexpr(8)
 
 # Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -92,15 +95,6 @@ def _scale_layout(BN, GPS, WPG, num_warps):
 
 
 @gluon.jit
-def _load_scales(s_ptr, s_offs, row_ok, k0, n_groups, GROUP: gl.constexpr, GPS: gl.constexpr, layout: gl.constexpr):
-    """bf16 [BN, GPS]: the scales of one K step's GPS groups, each thread's rows with all their groups."""
-    groups = gl.arange(0, GPS, layout=gl.SliceLayout(0, layout))
-    ptrs = s_ptr + gl.expand_dims(s_offs, 1) + gl.expand_dims(k0 // GROUP + groups, 0)
-    return gl.load(ptrs, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(k0 // GROUP + groups < n_groups, 0),
-                   other=0.0)
-
-
-@gluon.jit
 def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, WPG: gl.constexpr,
                  l3: gl.constexpr, words_layout: gl.constexpr):
     """bf16 [BN, BK // 8, 1]: each word's scale, broadcast from the step's [BN, GPS] in registers."""
@@ -110,21 +104,29 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 
 
 @gluon.jit
-def _load_partition(x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps,
-                    BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: TMA loads of each step's activations and words into the ring, as slots come free."""
-    for i in range(n_steps):
-        slot = i % STAGES
-        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # (fresh barriers count as released)
-        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        _tma_load(x_desc, [0, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
-        _tma_load(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
+def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, pid_n, k_lo,
+                    n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                    CS: gl.constexpr, SSTAGES: gl.constexpr):
+    """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
+    step's activations and words into theirs."""
+    for c in range(n_chunks):
+        sslot = c % SSTAGES
+        mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
+        mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
+        _tma_load(s_desc, [pid_n * BN, k_lo // GROUP + c * SCALE_CHUNK], s_ready.index(sslot), s_smem.index(sslot))
+        for j in gl.static_range(CS):
+            i = c * CS + j
+            slot = i % STAGES
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            _tma_load(x_desc, [0, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
+            _tma_load(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
 
 
 @gluon.jit
-def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, n_groups, stride_sn,
-                   GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                   STAGES: gl.constexpr, num_warps: gl.constexpr):
+def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks,
+                   GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                   CS: gl.constexpr, SSTAGES: gl.constexpr, num_warps: gl.constexpr):
     """The kernel's warps: decode each step's words into wgmma's register operand and multiply."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BM, 16])
@@ -139,67 +141,73 @@ def _mma_partition(x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N,
     WPG: gl.constexpr = BK // 8 // GPS  # words per group within a step
     l3s: gl.constexpr = _scale_layout(BN, GPS, WPG, num_warps)
     s_layout: gl.constexpr = gl.SliceLayout(2, l3s)
-    s_rows = gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
-    s_offs = (pid_n * BN + s_rows) * stride_sn
-    s_ok = pid_n * BN + s_rows < N
 
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
-    # Scales are too small per row for TMA; they load into registers three steps ahead of their use.
-    s0 = _load_scales(s_ptr, s_offs, s_ok, k_lo, n_groups, GROUP, GPS, s_layout)
-    s1 = _load_scales(s_ptr, s_offs, s_ok & (1 < n_steps), k_lo + BK, n_groups, GROUP, GPS, s_layout)
-    s2 = _load_scales(s_ptr, s_offs, s_ok & (2 < n_steps), k_lo + 2 * BK, n_groups, GROUP, GPS, s_layout)
-    for i in range(n_steps):
-        slot = i % STAGES
-        s3 = _load_scales(s_ptr, s_offs, s_ok & (i + 3 < n_steps), k_lo + (i + 3) * BK, n_groups, GROUP, GPS,
-                          s_layout)
-        scales = _word_scales(s0, BN, BK, GPS, WPG, l3s, words_layout)
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
-        lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
-        lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
-        hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
-        a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
-        # Synchronous: wgmma reads its register operand asynchronously, and writing those registers before the wait
-        # is undefined (PTX ISA). With one MMA left in flight (warpgroup_mma_wait(1)) ptxas gave the next step's
-        # decode the same registers, and an H200 returned NaNs at 64 rows, group 128; the wait's deps keep the bf16
-        # values alive, not the packed registers the MMA reads. The other program on the SM overlaps instead.
-        acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
-        fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
-        mbarrier.arrive(empty.index(slot))
-        s0 = s1
-        s1 = s2
-        s2 = s3
+    for c in range(n_chunks):
+        sslot = c % SSTAGES
+        mbarrier.wait(s_ready.index(sslot), (c // SSTAGES) & 1)
+        for j in gl.static_range(CS):
+            i = c * CS + j
+            slot = i % STAGES
+            scales = s_smem.index(sslot).slice(j * GPS, GPS, dim=1).load(s_layout)
+            scales = _word_scales(scales, BN, BK, GPS, WPG, l3s, words_layout)
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
+            lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
+                                               dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+            lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
+            hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
+            a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
+            # Synchronous: wgmma reads its register operand asynchronously, and writing those registers before the
+            # wait is undefined (PTX ISA). With one MMA left in flight (warpgroup_mma_wait(1)) ptxas gave the next
+            # step's decode the same registers, and an H200 returned NaNs at 64 rows, group 128; the wait's deps keep
+            # the bf16 values alive, not the packed registers the MMA reads. The other programs on the SM overlap.
+            acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
+            fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
+            mbarrier.arrive(empty.index(slot))
+        fence_async_shared()
+        mbarrier.arrive(s_empty.index(sslot))
     return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
 
 
 # M is never specialized (Triton would compile M % 16 == 0 apart), nor the split count: one binary per tile shape.
 @gluon.jit(do_not_specialize=["M", "n_splits"])
-def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
-                       M, N, K, n_groups, k_per_split, n_splits, stride_sn, stride_om,
+def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                       STAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+                       STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
-    n_steps = gl.cdiv(gl.minimum(k_lo + k_per_split, K) - k_lo, BK)
+    # Whole chunks of CS steps (k_per_split is a multiple of CS * BK); steps past K read zeros (TMA's bounds).
+    CS: gl.constexpr = SCALE_CHUNK * GROUP // BK
+    n_chunks = gl.cdiv(gl.minimum(k_lo + k_per_split, K) - k_lo, CS * BK)
 
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
     w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
+    s_smem = gl.allocate_shared_memory(gl.bfloat16, [SSTAGES, BN, SCALE_CHUNK], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    s_ready = gl.allocate_shared_memory(gl.int64, [SSTAGES, 1], mbarrier.MBarrierLayout())
+    s_empty = gl.allocate_shared_memory(gl.int64, [SSTAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
+    for s in gl.static_range(SSTAGES):
+        mbarrier.init(s_ready.index(s), count=1)
+        mbarrier.init(s_empty.index(s), count=1)
     results = gl.warp_specialize([
-        (_mma_partition, (x_smem, w_smem, ready, empty, s_ptr, pid_n, k_lo, n_steps, N, n_groups, stride_sn,
-                          GROUP, BN, BM, BK, STAGES, num_warps)),
-        (_load_partition, (x_desc, w_desc, x_smem, w_smem, ready, empty, pid_n, k_lo, n_steps, BN, BK, STAGES)),
+        (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks,
+                          GROUP, BN, BM, BK, STAGES, CS, SSTAGES, num_warps)),
+        (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, pid_n,
+                           k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
     ], [1], [24])
     acc = results[0]
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
+    for s in gl.static_range(SSTAGES):
+        mbarrier.invalidate(s_ready.index(s))
+        mbarrier.invalidate(s_empty.index(s))
 
     # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
     # are [M, N] row-major, so n is the contiguous side of the transposed tile.
@@ -226,26 +234,34 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_ptr, out_ptr, ws_ptr, cnt_ptr,
         gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
 
 
-# The measured config (bench/RESULTS.md, twelfth session; H200, 12 dense shapes at M = 16-64): 64 weight rows per
-# program (one warpgroup), 128 of K per step, 4 stages, enough K splits for two programs per SM, 128 registers per
-# thread at launch (two programs per SM). 80 registers (the loader warp gives its share to the MMA warps, which get
-# 136) fit three programs where shared memory allows and measured faster at M <= 32 (1.35 against 1.27 times bf16
-# at M = 32, equal at 64), but have not run the GPU tests: the in-flight wgmma bug (_mma_partition) hinged on register
-# allocation, so that change waits for them. Slower: 128 rows per program, 64 of K per step, 3 or 6 stages, separate
-# weight and activation rings. 128 rows by 128 of K at M = 128 returned wrong values on the GPU (not understood;
-# M = 65-128 stays on the tile kernel).
-BLOCK_N, BLOCK_K, STAGES, MAX_ROWS, MAX_REGISTERS = 64, 128, 4, 64, 128
+# The measured config (bench/RESULTS.md, twelfth and thirteenth sessions; H200, 12 dense shapes at M = 16-64): 64
+# weight rows per program (one warpgroup), 128 of K per step, 4 stages, enough K splits for two programs per SM.
+# Scales come by TMA in chunks of 8 groups (their own ring) and are read from shared memory: with per-step loads from
+# global memory into registers, group 32 measured 1.35 / 1.29 / 1.16x bf16 at M = 16 / 32 / 64, with the ring 1.59 /
+# 1.49 / 1.33 (group 128, one scale per step, was unchanged). Slower: 128 rows per program, 64 of K per step, 3 or 6
+# stages, separate weight and activation rings. 128 rows by 128 of K at M = 128 returned wrong values on the GPU
+# (not understood; M = 65-128 stays on the tile kernel).
+BLOCK_N, BLOCK_K, STAGES, MAX_ROWS = 64, 128, 4, 64
+SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them
+
+
+def max_registers(bm: int, group: int) -> int:
+    """Registers per thread at launch. 80 (the loader warp gives its share to the MMA warps) fits three programs per
+    SM, which measured faster at M <= 32 (1.70 / 1.60x bf16 at M = 16 / 32 against 1.59 / 1.49 at 128) and no slower
+    at 64; only 64 rows with group 128 spill there (compile test), and keep 128."""
+    return 128 if bm == 64 and group == 128 else 80
 
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
     """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups of 32 or 128, the compiled and tested ones)
-    on bf16 x of 17-64 rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of rows and
-    bases."""
+    on bf16 x of 9-64 rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of the rows and
+    bases of x, the words and the scales (scale rows of whole 8-group boxes: K a multiple of 8 groups)."""
     m = x.shape[0] if x.dim() == 2 else 0
     return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.fmt.code == INT4
-            and w.experts is None and w.group in (32, 128) and w.k % 32 == 0
+            and w.experts is None and w.group in (32, 128) and w.k % (SCALE_CHUNK.value * w.group) == 0
             and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.stride(0) >= w.k and x.data_ptr() % 16 == 0
             and w.values.stride(1) == 1 and w.values.stride(0) % 4 == 0 and w.values.data_ptr() % 16 == 0
+            and w.scale.stride(1) == 1 and w.scale.stride(0) % 8 == 0 and w.scale.data_ptr() % 16 == 0
             and capability(x.device) == (9, 0))
 
 
@@ -255,23 +271,26 @@ def _smem_layout(rows: int, cols: int, dtype: str) -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout.get_default_for([rows, cols], {"bf16": gl.bfloat16, "int32": gl.int32}[dtype])
 
 
+def _desc(t: Tensor, block: list[int], dtype: str) -> TensorDescriptor:
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _smem_layout(*block, dtype))
+
+
 def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor]) -> Tensor:
     """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`; out: [M, N] contiguous;
     tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
     m, k = x.shape
     bm = max(16, triton.next_power_of_2(m))
     n_tiles = triton.cdiv(w.n, BLOCK_N)
-    k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, BLOCK_K), 2 * sm_count(x.device) // n_tiles)),
-                                      BLOCK_K)
+    chunk = SCALE_CHUNK.value * w.group  # splits take whole scale chunks
+    k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, chunk), 2 * sm_count(x.device) // n_tiles)),
+                                      chunk)
     if split * m * w.n >= 2**31:
         raise ValueError(f"wgmma_int4: {split} splits x [{m}, {w.n}] partials overflow the kernel's int32 offsets")
-    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, BLOCK_K], _smem_layout(bm, BLOCK_K, "bf16"))
-    w_desc = TensorDescriptor(w.values, list(w.values.shape), list(w.values.stride()), [BLOCK_N, BLOCK_K // 8],
-                              _smem_layout(BLOCK_N, BLOCK_K // 8, "int32"))
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = tickets(n_tiles) if split > 1 else out
     _wgmma_int4_kernel[(n_tiles, split)](
-        x_desc, w_desc, w.scale, out, ws, cnt, m, w.n, k, w.scale.shape[-1], k_per_split, split, w.scale.stride(0),
-        out.stride(0), GROUP=w.group, BN=BLOCK_N, BM=bm, BK=BLOCK_K, STAGES=STAGES, SPLIT=split > 1, num_warps=4,
-        maxnreg=MAX_REGISTERS)
+        _desc(x, [bm, BLOCK_K], "bf16"), _desc(w.values, [BLOCK_N, BLOCK_K // 8], "int32"),
+        _desc(w.scale, [BLOCK_N, SCALE_CHUNK.value], "bf16"), out, ws, cnt, m, w.n, k, k_per_split, split,
+        out.stride(0), GROUP=w.group, BN=BLOCK_N, BM=bm, BK=BLOCK_K, STAGES=STAGES, SSTAGES=SCALE_STAGES,
+        SPLIT=split > 1, num_warps=4, maxnreg=max_registers(bm, w.group))
     return out

@@ -104,12 +104,13 @@ def test_fits_rejects_what_the_fused_path_cannot_take():
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("shape", [(6144, 4096, (4096, 1024, 1024)), (24576, 4096, (12288, 12288)),
                                    (4096, 12288, (4096,))], ids=["qkv", "gate_up", "down"])  # fmt: skip
-def test_fused_lora_bf16_gpu_matches_fp64(shape, m):
+def test_fused_lora_bf16_gpu_matches_fp64(shape, m, monkeypatch):
     """The engine's shapes through the dispatched kernel (at M = 1 gemv_mma.py's) against the fp64 oracle.
     Bound: the base GEMV's 2^-8 (sum |x||w| + |ref|) (test_gemv.py); the adapter path rounds t, B t, the scaled
     delta and the sum to bf16, 2^-9 each of at most sum_g s_g (|x| |A_g|^T) |B_g|^T + |ref|: 2^-7 covers both.
     The unfused kernels (lora_add_many after the GEMV) must meet the same bound: the two round t from different
     fp32 sums (FMA slices here, tensor-core slices there), so their bits may differ."""
+    monkeypatch.setattr(kernels.configs, "WGMMA_INT4", False)  # (16 rows on Hopper: wgmma_int4, LoRA after it)
     n, k, ns = shape
     packed, w = random_weight("int4", (n, k), seed=6, device="cuda")
     delta = _adapters(ns, k, 16, torch.bfloat16)
