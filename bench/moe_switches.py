@@ -1,6 +1,6 @@
 """The kernels' A/B switches shared by bench/rollout.py and bench/rl_step.py (MoE kernels, and the dense warpgroup-MMA
 GEMM): each flag puts one kernel back to what ran before it (torch's ops, or the kernel it replaced), for this
-process."""
+process; flags marked "candidate" instead turn on a change not yet measured, so that one run can A/B it."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ SWITCHES = {
                          "MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)"),
     "--no-wgmma": ("orbit_lightning.kernels.configs", "WGMMA_INT4", False,
                    "dense int4 at 9-64 rows through the decode GEMV / tile kernel instead of kernels/wgmma_int4.py"),
+    "--fuse-64": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 64,
+                  "candidate: q/k/v and gate/up as one stacked matmul up to 64 rows (wgmma_int4's range), not 16"),
 }  # fmt: skip
 
 

@@ -261,7 +261,8 @@ def supports(x: Tensor, w: PackedWeight) -> bool:
             and w.experts is None and w.group in (32, 128) and w.k % (SCALE_CHUNK.value * w.group) == 0
             and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.stride(0) >= w.k and x.data_ptr() % 16 == 0
             and w.values.stride(1) == 1 and w.values.stride(0) % 4 == 0 and w.values.data_ptr() % 16 == 0
-            and w.scale.stride(1) == 1 and w.scale.stride(0) % 8 == 0 and w.scale.data_ptr() % 16 == 0
+            and w.scale.dtype == torch.bfloat16 and w.scale.stride(1) == 1 and w.scale.stride(0) % 8 == 0
+            and w.scale.data_ptr() % 16 == 0
             and capability(x.device) == (9, 0))
 
 

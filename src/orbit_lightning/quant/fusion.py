@@ -18,7 +18,9 @@ from torch import Tensor, nn
 
 from .linear import QuantLinear
 
-DECODE_ROWS = 16  # the small-M kernel's bucket (kernels.configs.GEMV_MAX_M): larger batches run per member
+# The small-M kernel's bucket (kernels.configs.GEMV_MAX_M): larger batches run per member. Up to 64 rows (the reach of
+# kernels/wgmma_int4.py and of lora_add_many) is a candidate, unmeasured: bench/rollout.py --fuse-64.
+DECODE_ROWS = 16
 
 
 class FusedRows:
