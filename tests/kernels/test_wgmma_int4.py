@@ -66,7 +66,7 @@ for bm in (16, 32, 64):
                                      text=True, check=True).stderr
             ptx = compiled.asm["ptx"]
             report[f"bm{bm}-g{group}-split{int(split)}"] = {
-                "cap": wg.max_registers(bm, group), "registers": int(out.split("Used ")[1].split(" registers")[0]),
+                "registers": int(out.split("Used ")[1].split(" registers")[0]),
                 "spills": out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1,
                 "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor")}
 print(json.dumps(report))
@@ -86,7 +86,7 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     report = _report()
     assert set(report) == {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
     for name, r in report.items():
-        assert not r["spills"] and r["registers"] <= r["cap"], (name, r)
+        assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # 128 of K per step is 8 k16 wgmmas per step of a scale chunk (2 steps at group 32, 8 at 128, unrolled); the
         # loader's TMA loads: the scale chunk, the words, and x in 128-byte swizzle boxes (two per step).
         steps = kernels.wgmma_int4.SCALE_CHUNK.value * int(name.split("-g")[1].split("-")[0]) // 128
@@ -169,13 +169,15 @@ def _spy(monkeypatch) -> list:
 
 
 # (format, N, K, M), with the K splits and steps per split an H200 (132 SMs) gives them (splits take whole scale
-# chunks of 8 groups: 2 steps at group 32, 8 at 128): N off the 64-row tile, 5 splits of 1 chunk; no split and 32
+# chunks of 8 groups: 2 steps at group 32, 8 at 128): N off the 64-row tile, 5 splits of 1 chunk; 9 rows (group 128,
+# 2 splits of 16 steps) and 16 (4 of 8) on 16-row tiles; a shorter last split (chunks 3, 3, 3, 2); no split and 32
 # steps, so the 4-slot ring and the scale ring wrap (N = 17408 alone fills the GPU); 2 splits of 4 steps; 48 of 2;
-# group 128 with 2 splits of 8 steps, 4 of 8 at 64 rows (where keeping a wgmma in flight returned NaNs) and 4 of 8 at
-# 32 activation rows per tile; 9 rows (group 128, 2 splits of 16 steps) and 16 (4 of 8) on 16-row tiles.
-CASES = [("int4", 200, 1280, 17), ("int4-g128", 6144, 4096, 9), ("int4", 4096, 4096, 16), ("int4", 17408, 4096, 32),
-         ("int4", 8192, 1024, 64), ("int4", 192, 12288, 33),
-         ("int4-g128", 320, 2048, 48), ("int4-g128", 4096, 4096, 64), ("int4-g128", 1024, 4096, 17)]
+# group 128 with 2 splits of 8 steps, 4 of 8 at 64 rows (where keeping a wgmma in flight returned NaNs), 4 of 8 at 32
+# activation rows per tile, and no split of 5 chunks at 16 and 64 rows (the scale ring wraps at group 128).
+CASES = [("int4", 200, 1280, 17), ("int4-g128", 6144, 4096, 9), ("int4", 4096, 4096, 16), ("int4", 4096, 2816, 16),
+         ("int4", 17408, 4096, 32), ("int4", 8192, 1024, 64), ("int4", 192, 12288, 33), ("int4-g128", 320, 2048, 48),
+         ("int4-g128", 4096, 4096, 64), ("int4-g128", 1024, 4096, 17), ("int4-g128", 16896, 5120, 16),
+         ("int4-g128", 16896, 5120, 64)]
 
 
 @gpu
@@ -204,8 +206,9 @@ def test_against_fp64_where_dense_gemm_sends_it(fmt, n, k, m, monkeypatch):
 @pytest.mark.parametrize("fmt", ["int4", "int4-g128"])
 def test_one_hot_rows_read_back_the_decoded_weights_bit_exactly(fmt, monkeypatch):
     """Row m of x is one-hot at k_m, so out[m, :] must be W[:, k_m] as decoded to bf16, bit for bit: one exact product,
-    zeros elsewhere. The 64 positions cover every lane of a quad (k mod 8), both words of a k16 slice, every scale
-    group, step and split of K = 4096."""
+    zeros elsewhere. The 64 positions (67 apart) cover every lane of a quad (k mod 8), both words of a k16 slice, every
+    step and split of K = 4096, so every group of 128 and every group's place in its scale chunk (half the groups of
+    32)."""
     calls = _spy(monkeypatch)
     n, k, m = 4096, 4096, 64
     packed, _ = random_weight(fmt, (n, k), seed=11, device="cuda")
@@ -215,6 +218,31 @@ def test_one_hot_rows_read_back_the_decoded_weights_bit_exactly(fmt, monkeypatch
     y = kernels.dequant_linear(x, fmt, packed)
     assert calls == [(m, k)]
     assert torch.equal(y, kernels.dequantize(fmt, packed)[:, cols].T)
+
+
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+@pytest.mark.parametrize("m", [9, 16, 40])
+def test_decode_rows_with_lora_meet_the_oracle_and_repeat_bitwise(m, monkeypatch):
+    """What ships for 9-64 decode rows with adapters: the kernel, then lora_add_many on each adapter's columns (three
+    adapters over a fused q/k/v), against test_gemv_lora's fp64 oracle and its 2^-7 bound, on rows strided by more
+    than K (a view into wider activations), bitwise the same on a second launch."""
+    from orbit_lightning.kernels.gemv_lora import LoraDelta
+
+    from tests.kernels.test_gemv_lora import _adapters, _oracle
+
+    calls = _spy(monkeypatch)
+    n, k, ns = 6144, 4096, (4096, 1024, 1024)
+    packed, w = random_weight("int4", (n, k), seed=12, device="cuda")
+    d = _adapters(ns, k, 16, torch.bfloat16)
+    delta = LoraDelta([t.cuda() for t in d.a], [t.cuda() for t in d.b], d.scale)
+    wide = torch.randn(m, k + 64, generator=torch.Generator("cuda").manual_seed(m), device="cuda").bfloat16()
+    x = wide[:, 32 : 32 + k]  # 16-byte aligned rows, K + 64 apart
+    y = kernels.dequant_linear(x, "int4", packed, lora=delta)
+    assert calls == [(m, k)]
+    assert torch.equal(kernels.dequant_linear(x, "int4", packed, lora=delta), y)
+    ref, mag = _oracle(x.double().cpu(), w.cpu(), d)
+    assert_within(y.cpu(), ref, 2.0**-7 * (mag + ref.abs()))
 
 
 @gpu
