@@ -13,6 +13,7 @@ On the CPU the kernels run under Triton's interpreter, which must be enabled bef
 imported: `TRITON_INTERPRET=1` in the environment (tests/kernels/conftest.py sets it).
 """
 
+from . import interpreter_dot
 from .activation import silu_mul
 from .attention import attention, paged_attention
 from .configs import TileConfig
@@ -44,6 +45,9 @@ from .moe_sort import sort_by_expert
 from .rmsnorm import add_rms_norm, rms_norm
 from .rope import rope
 from .sampling import sample
+
+# Under the interpreter, dots row by row where the CPU's BLAS would let a row's bits depend on its neighbours.
+interpreter_dot.install()
 
 __all__ = [
     "FORMATS",
