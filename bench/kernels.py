@@ -82,6 +82,20 @@ def us(fn, *args, **kwargs) -> float:
 
 
 _FLUSH: list[torch.Tensor] = []
+# How graph_us empties the L2 before each call. "write" zeroes a 256 MiB buffer (do_bench's way): the L2 is then full
+# of dirty lines, and the timed kernel pays for writing them back (up to the L2's 50 MB, ~12 us at copy bandwidth)
+# while it reads. "read" reduces the buffer instead: the L2 holds clean lines, as in a decode step, where the kernel
+# before a GEMV read weights and wrote a few activations. The write-back costs bf16 and int4 the same microseconds,
+# so it shrinks the ratio of the faster kernel; bench/RESULTS.md (fourteenth session) has both.
+FLUSH_MODES = ("write", "read")
+FLUSH_MODE = "write"
+
+
+def _flush_l2() -> None:
+    if FLUSH_MODE == "write":
+        _FLUSH[0].zero_()
+    else:
+        _FLUSH[0].view(torch.int32).amax()
 
 
 def graph_us(fn, *args, reps: int = 10, **kwargs) -> float:
@@ -92,13 +106,15 @@ def graph_us(fn, *args, reps: int = 10, **kwargs) -> float:
     f()  # compile and allocate outside the capture
     torch.cuda.synchronize()
     if not _FLUSH:
-        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
+        _FLUSH.append(torch.ones(256 << 20, dtype=torch.int8, device="cuda"))
+        _flush_l2()  # (the reduction's workspace is allocated outside the capture)
+        torch.cuda.synchronize()
     graphs = []
     for with_fn in (True, False):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for _ in range(reps):
-                _FLUSH[0].zero_()
+                _flush_l2()
                 if with_fn:
                     f()
         graphs.append(g)
@@ -399,16 +415,20 @@ def summary(rep: Report) -> None:
 
 
 def main(argv=None) -> None:
+    global FLUSH_MODE, M_SIZES
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sections", default="dense,moe,formats", help="comma list of dense,moe,formats,sweep,midm")
     p.add_argument("--budget", type=float, default=1e9, help="start no new measurement after this many s")
+    p.add_argument("--m", type=int, nargs="+", default=list(M_SIZES), help="the dense section's row counts")
+    p.add_argument("--l2-flush", choices=FLUSH_MODES, default=FLUSH_MODE, help="graph_us's L2 flush (see FLUSH_MODE)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench/kernels.py needs a CUDA GPU")
+    FLUSH_MODE, M_SIZES = args.l2_flush, tuple(args.m)
     torch.manual_seed(0)
     rep = Report(args.budget)
     rep.say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} | L2 flush: {FLUSH_MODE}")
     sections = {"dense": bench_dense, "moe": bench_moe, "formats": bench_formats, "sweep": bench_sweep,
                 "midm": bench_midm}
     for name in args.sections.split(","):
