@@ -242,6 +242,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K
 # stages, separate weight and activation rings. 128 rows by 128 of K at M = 128 returned wrong values on the GPU
 # (not understood; M = 65-128 stays on the tile kernel).
 BLOCK_N, BLOCK_K, STAGES, MAX_ROWS = 64, 128, 4, 64
+PROGRAMS_PER_SM = 2  # K splits until the grid holds about this many programs per SM
 SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them
 
 
@@ -283,8 +284,8 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
     bm = max(16, triton.next_power_of_2(m))
     n_tiles = triton.cdiv(w.n, BLOCK_N)
     chunk = SCALE_CHUNK.value * w.group  # splits take whole scale chunks
-    k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, chunk), 2 * sm_count(x.device) // n_tiles)),
-                                      chunk)
+    want = PROGRAMS_PER_SM * sm_count(x.device) // n_tiles
+    k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, chunk), want)), chunk)
     if split * m * w.n >= 2**31:
         raise ValueError(f"wgmma_int4: {split} splits x [{m}, {w.n}] partials overflow the kernel's int32 offsets")
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
