@@ -2,7 +2,8 @@
 
     python bench/kernels.py [--sections dense,moe,formats,sweep,midm] [--budget SECONDS]
 
-Times are triton.testing.do_bench medians (L2 flushed before every call) in microseconds. Ratios are
+Times are in microseconds: CUDA-graph replays behind an L2 flush for M <= 256 (graph_us; --l2-flush says how the
+L2 is emptied), triton.testing.do_bench medians (L2 flushed before every call) above. Ratios are
 bf16 time / kernel time, so > 1 means the kernel is faster. Weights are random and generated directly
 in their packed form (never a bf16 copy); activations are random bf16. Layer shapes are those of
 Qwen3-8B, Qwen3-30B-A3B, Qwen3-235B-A22B and DeepSeek-V3. Targets (issue 6): training (M >= 4096)
@@ -86,9 +87,10 @@ _FLUSH: list[torch.Tensor] = []
 # of dirty lines, and the timed kernel pays for writing them back (up to the L2's 50 MB, ~12 us at copy bandwidth)
 # while it reads. "read" reduces the buffer instead: the L2 holds clean lines, as in a decode step, where the kernel
 # before a GEMV read weights and wrote a few activations. The write-back costs bf16 and int4 the same microseconds,
-# so it shrinks the ratio of the faster kernel; bench/RESULTS.md (fourteenth session) has both.
+# so it inflates the ratio of the kernel that reads fewer bytes (int4 M <= 16: 1.96x bf16 geomean with "write", 1.73x
+# with "read" in one run; bench/RESULTS.md, fourteenth session). "read" is the default since.
 FLUSH_MODES = ("write", "read")
-FLUSH_MODE = "write"
+FLUSH_MODE = "read"
 
 
 def _flush_l2() -> None:

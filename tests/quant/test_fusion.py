@@ -65,12 +65,11 @@ def test_fused_decode_matches_unfused_and_transformers(name, tmp_path, monkeypat
 
 @pytest.mark.parametrize("rows,fused_calls", [(40, 4), (66, 0)])
 def test_the_bucket_bound_decides_which_batches_fuse(rows, fused_calls, tmp_path, monkeypatch):
-    """With the bucket widened to 64 rows (bench/rollout.py --fuse-64, the candidate), a 40-row batch with LoRA takes
-    one matmul per group (the adapters then by lora_add_many, past the GEMV) and matches the per-member forward; 66
-    rows stay per member."""
+    """Up to fusion.DECODE_ROWS (64) rows, a 40-row batch with LoRA takes one matmul per group (the adapters then by
+    lora_add_many, past the GEMV) and matches the per-member forward; 66 rows stay per member."""
     from orbit_lightning.quant import fusion
 
-    monkeypatch.setattr(fusion, "DECODE_ROWS", 64)
+    assert fusion.DECODE_ROWS == 64
     src = save_hf_model(make_hf_model("qwen3-gqa2"), tmp_path / "src")
     model = _lora(load_model(src, quant="int4", dtype=torch.float32).eval())
     ids, mask, _ = padded_batch(model.config.vocab_size, [rows // 2, rows // 2 - 3], seed=5)

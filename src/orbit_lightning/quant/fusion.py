@@ -18,9 +18,12 @@ from torch import Tensor, nn
 
 from .linear import QuantLinear
 
-# The small-M kernel's bucket (kernels.configs.GEMV_MAX_M): larger batches run per member. Up to 64 rows (the reach of
-# kernels/wgmma_int4.py and of lora_add_many) is a candidate, unmeasured: bench/rollout.py --fuse-64.
-DECODE_ROWS = 16
+# Batches up to the fused kernels' reach (dispatch.FUSED_MAX_ROWS: the decode GEMVs, kernels/wgmma_int4.py and
+# lora_add_many) run as one matmul; larger ones per member. The bound was the GEMV's 16 rows until bench/rollout.py
+# (H200, qwen3-8b with 8 layers, same run; bench/RESULTS.md, fourteenth session) measured 64 at 1.44 -> 1.37 /
+# 1.87 -> 1.62 / 2.30 -> 1.99 ms per decode step at batch 16 / 32 / 64: one wgmma_int4 launch over the stacked rows
+# fills the GPU where three narrow ones did not. `--fuse-16` there puts 16 back.
+DECODE_ROWS = 64
 
 
 class FusedRows:
