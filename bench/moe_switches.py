@@ -24,8 +24,6 @@ SWITCHES = {
                          "MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)"),
     "--no-wgmma": ("orbit_lightning.kernels.configs", "WGMMA_INT4", False,
                    "dense int4 at 9-64 rows through the decode GEMV / tile kernel instead of kernels/wgmma_int4.py"),
-    "--async-mma": ("orbit_lightning.kernels.wgmma_int4", "ASYNC_MMA", True,
-                    "candidate: wgmma_int4 keeps one wgmma in flight, its operand decoded into shared memory"),
     "--fuse-16": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 16,
                   "q/k/v and gate/up as one stacked matmul only up to 16 rows (the GEMV's), not 64"),
 }  # fmt: skip

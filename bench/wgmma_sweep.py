@@ -4,14 +4,12 @@
 
 For the 12 dense shapes of bench/kernels.py at each M: bf16 cuBLAS, the dispatch with configs.WGMMA_INT4 off ("tile":
 the tile kernel, or the decode GEMVs at M <= 16), and the wgmma kernel called directly at each register cap per thread
-(r80: 80; "ship": wgmma_int4.max_registers), each K-split target (p2: wgmma_int4.PROGRAMS_PER_SM = 2) and each
-ASYNC_MMA ("a" suffix: on). graph_us
+(r80: 80; "ship": wgmma_int4.max_registers) and each K-split target (p2: wgmma_int4.PROGRAMS_PER_SM = 2). graph_us
 in microseconds; ratios are bf16 time / kernel time, geomean over the shapes; errors are max |y - fp32 reference|
 over max |reference|. Behind bench/RESULTS.md's wgmma tables (twelfth to fourteenth sessions).
 """
 import argparse
 import importlib.util
-import itertools
 import math
 import os
 
@@ -28,20 +26,19 @@ from orbit_lightning.quant.formats import get_format
 spec = importlib.util.spec_from_file_location("bk", os.path.join(os.path.dirname(__file__), "kernels.py"))
 bk = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bk)
-SHIPPED = wg.max_registers, wg.PROGRAMS_PER_SM, wg.ASYNC_MMA
+SHIPPED = wg.max_registers, wg.PROGRAMS_PER_SM, wg.MIN_ROWS
 
 
-def direct(x, pw, n: int, regs: int | None, programs: int, async_mma: bool) -> torch.Tensor:
-    """The wgmma kernel on x (bypassing the dispatch) at `regs` registers per thread (None: the shipped choice),
-    `programs` per SM and wgmma_int4.ASYNC_MMA = `async_mma`."""
-    wg.PROGRAMS_PER_SM, wg.ASYNC_MMA = programs, async_mma
-    if regs is not None:
-        wg.max_registers = lambda bm, group: regs
+def direct(x, pw, n: int, regs: int | None, programs: int) -> torch.Tensor:
+    """The wgmma kernel on x (bypassing the dispatch) at `regs` registers per thread (None: the shipped choice) and
+    `programs` per SM."""
+    wg.max_registers = SHIPPED[0] if regs is None else (lambda bm, group: regs)
+    wg.PROGRAMS_PER_SM, wg.MIN_ROWS = programs, 1
     out = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda")
     try:
         return wg.wgmma_int4(x, pw, out, lambda c: _tickets(x.device, c))
     finally:
-        wg.max_registers, wg.PROGRAMS_PER_SM, wg.ASYNC_MMA = SHIPPED
+        wg.max_registers, wg.PROGRAMS_PER_SM, wg.MIN_ROWS = SHIPPED
 
 
 def main() -> None:
@@ -49,7 +46,6 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--programs", type=int, nargs="+", default=[wg.PROGRAMS_PER_SM], help="K-split targets per SM")
     ap.add_argument("--registers", type=int, nargs="+", default=[0], help="register caps; 0: the shipped choice")
-    ap.add_argument("--async-mma", type=int, nargs="+", default=[int(wg.ASYNC_MMA)], help="ASYNC_MMA values (0 / 1)")
     ap.add_argument("--l2-flush", choices=bk.FLUSH_MODES, default=bk.FLUSH_MODE)
     args = ap.parse_args()
     bk.FLUSH_MODE = args.l2_flush
@@ -70,15 +66,16 @@ def main() -> None:
                 t["tile"] = bk.graph_us(kernels.int4_linear, x, packed)
                 configs.WGMMA_INT4 = True
                 errs = []
-                for regs, programs, am in itertools.product(args.registers, args.programs, args.async_mma):
-                    name = f"{'ship' if not regs else f'r{regs}'}p{programs}{'a' if am else ''}"
-                    y = direct(x, pw, n, regs or None, programs, bool(am))
-                    err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
-                    errs.append(f"{err:.1e}")
-                    if err < 4 * 2**-8:  # else WRONG: no time
-                        t[name] = bk.graph_us(direct, x, pw, n, regs or None, programs, bool(am))
-                    else:
-                        print(f"WRONG {name} {model}.{layer} M={m}: {err:.2e}")
+                for regs in args.registers:
+                    for programs in args.programs:
+                        name = f"{'ship' if not regs else f'r{regs}'}p{programs}"
+                        y = direct(x, pw, n, regs or None, programs)
+                        err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
+                        errs.append(f"{err:.1e}")
+                        if err < 4 * 2**-8:  # else WRONG: no time
+                            t[name] = bk.graph_us(direct, x, pw, n, regs or None, programs)
+                        else:
+                            print(f"WRONG {name} {model}.{layer} M={m}: {err:.2e}")
                 for name, v in t.items():
                     ratios.setdefault((m, name), []).append(t["bf16"] / v)
                 print(f"{model:16} {layer:12} {n:6} {k:6} {m:3} | " + " ".join(f"{a} {v:6.1f}" for a, v in t.items())

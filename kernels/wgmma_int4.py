@@ -40,7 +40,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -125,12 +124,10 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
 
 
 @gluon.jit
-def _mma_partition(x_smem, w_smem, s_smem, a_smem, ready, empty, s_ready, s_empty, n_chunks,
+def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                   CS: gl.constexpr, SSTAGES: gl.constexpr, ASYNC: gl.constexpr, num_warps: gl.constexpr):
-    """The kernel's warps: decode each step's words into wgmma's register operand and multiply. ASYNC: the decoded
-    step goes to one of two shared-memory buffers instead, and its wgmma stays in flight while the next step decodes
-    (a register operand cannot: see below); a step's slot is released once its wgmma is done."""
+                   CS: gl.constexpr, SSTAGES: gl.constexpr, num_warps: gl.constexpr):
+    """The kernel's warps: decode each step's words into wgmma's register operand and multiply."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -161,27 +158,15 @@ def _mma_partition(x_smem, w_smem, s_smem, a_smem, ready, empty, s_ready, s_empt
             lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
             hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
             a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
-            if ASYNC:
-                buf = a_smem.index(i % 2)  # (its last reader, step i - 2's wgmma, finished in step i - 1's wait)
-                buf.store(a)
-                fence_async_shared()
-                gl.thread_barrier()  # every warp's part of the operand is written before the warpgroup's wgmma
-                acc = warpgroup_mma(buf, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(1, deps=[acc])  # step i - 1's wgmma is done: its slot comes free
-                mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
-            else:
-                # Synchronous: wgmma reads its register operand asynchronously, and writing those registers before
-                # the wait is undefined (PTX ISA). With one MMA left in flight (warpgroup_mma_wait(1)) ptxas gave the
-                # next step's decode the same registers, and an H200 returned NaNs at 64 rows, group 128; the wait's
-                # deps keep the bf16 values alive, not the packed registers the MMA reads. The other programs on the
-                # SM overlap.
-                acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
-                fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
-                mbarrier.arrive(empty.index(slot))
+            # Synchronous: wgmma reads its register operand asynchronously, and writing those registers before the
+            # wait is undefined (PTX ISA). With one MMA left in flight (warpgroup_mma_wait(1)) ptxas gave the next
+            # step's decode the same registers, and an H200 returned NaNs at 64 rows, group 128; the wait's deps keep
+            # the bf16 values alive, not the packed registers the MMA reads. The other programs on the SM overlap.
+            acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
+            fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
+            mbarrier.arrive(empty.index(slot))
         fence_async_shared()
         mbarrier.arrive(s_empty.index(sslot))
-    if ASYNC:
-        acc = warpgroup_mma_wait(0, deps=[acc])
     return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
 
 
@@ -189,8 +174,7 @@ def _mma_partition(x_smem, w_smem, s_smem, a_smem, ready, empty, s_ready, s_empt
 @gluon.jit(do_not_specialize=["M", "n_splits"])
 def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                       STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, ASYNC: gl.constexpr,
-                       A_LAYOUT: gl.constexpr, num_warps: gl.constexpr):
+                       STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
@@ -201,10 +185,6 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
     w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
     s_smem = gl.allocate_shared_memory(gl.bfloat16, [SSTAGES, BN, SCALE_CHUNK], s_desc.layout)
-    if ASYNC:
-        a_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, BK], A_LAYOUT)
-    else:
-        a_smem = x_smem  # (unused)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     s_ready = gl.allocate_shared_memory(gl.int64, [SSTAGES, 1], mbarrier.MBarrierLayout())
@@ -216,8 +196,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K
         mbarrier.init(s_ready.index(s), count=1)
         mbarrier.init(s_empty.index(s), count=1)
     results = gl.warp_specialize([
-        (_mma_partition, (x_smem, w_smem, s_smem, a_smem, ready, empty, s_ready, s_empty, n_chunks,
-                          GROUP, BN, BM, BK, STAGES, CS, SSTAGES, ASYNC, num_warps)),
+        (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks,
+                          GROUP, BN, BM, BK, STAGES, CS, SSTAGES, num_warps)),
         (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, pid_n,
                            k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
     ], [1], [24])
@@ -263,16 +243,14 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K
 # (not understood; M = 65-128 stays on the tile kernel).
 BLOCK_N, BLOCK_K, STAGES, MAX_ROWS = 64, 128, 4, 64
 PROGRAMS_PER_SM = 2  # K splits until the grid holds about this many programs per SM
-ASYNC_MMA = False  # candidate: the decoded operand through shared memory, one wgmma in flight (see _mma_partition)
 SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them
 
 
 def max_registers(bm: int, group: int) -> int:
     """Registers per thread at launch. 80 (the loader warp gives its share to the MMA warps) fits three programs per
     SM, which measured faster at M <= 32 (1.70 / 1.60x bf16 at M = 16 / 32 against 1.59 / 1.49 at 128) and no slower
-    at 64; only 64 rows with group 128 spill there (compile test), and keep 128, as do 32 rows with group 128 under
-    ASYNC_MMA."""
-    return 128 if group == 128 and (bm == 64 or (bm == 32 and ASYNC_MMA)) else 80
+    at 64; only 64 rows with group 128 spill there (compile test), and keep 128."""
+    return 128 if bm == 64 and group == 128 else 80
 
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
@@ -316,6 +294,5 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
         _desc(x, [bm, BLOCK_K], "bf16"), _desc(w.values, [BLOCK_N, BLOCK_K // 8], "int32"),
         _desc(w.scale, [BLOCK_N, SCALE_CHUNK.value], "bf16"), out, ws, cnt, m, w.n, k, k_per_split, split,
         out.stride(0), GROUP=w.group, BN=BLOCK_N, BM=bm, BK=BLOCK_K, STAGES=STAGES, SSTAGES=SCALE_STAGES,
-        SPLIT=split > 1, ASYNC=ASYNC_MMA, A_LAYOUT=_smem_layout(BLOCK_N, BLOCK_K, "bf16"), num_warps=4,
-        maxnreg=max_registers(bm, w.group))
+        SPLIT=split > 1, num_warps=4, maxnreg=max_registers(bm, w.group))
     return out

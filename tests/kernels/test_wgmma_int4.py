@@ -48,8 +48,7 @@ for bm in (16, 32, 64):
                                                 gl.NVMMASharedLayout.get_default_for(
                                                     [wg.BLOCK_N, wg.SCALE_CHUNK.value], gl.bfloat16))}
             const = dict(GROUP=group, BN=wg.BLOCK_N, BM=bm, BK=wg.BLOCK_K, STAGES=wg.STAGES, SSTAGES=wg.SCALE_STAGES,
-                         SPLIT=split, ASYNC=wg.ASYNC_MMA, num_warps=4,
-                         A_LAYOUT=gl.NVMMASharedLayout.get_default_for([wg.BLOCK_N, wg.BLOCK_K], gl.bfloat16))
+                         SPLIT=split, num_warps=4)
             pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
             sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
                    for n in names}
