@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -43,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .configs import capability, sm_count, split_evenly
+from .configs import capability, max_row_tiles, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
 
@@ -104,8 +105,8 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 
 
 @gluon.jit
-def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, pid_n, k_lo,
-                    n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, m_lo,
+                    k_lo, n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                     CS: gl.constexpr, SSTAGES: gl.constexpr):
     """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
     step's activations and words into theirs."""
@@ -113,14 +114,14 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
         sslot = c % SSTAGES
         mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
         mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
-        _tma_load(s_desc, [pid_n * BN, k_lo // GROUP + c * SCALE_CHUNK], s_ready.index(sslot), s_smem.index(sslot))
+        _tma_load(s_desc, [w_row, k_lo // GROUP + c * SCALE_CHUNK], s_ready.index(sslot), s_smem.index(sslot))
         for j in gl.static_range(CS):
             i = c * CS + j
             slot = i % STAGES
             mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            _tma_load(x_desc, [0, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
-            _tma_load(w_desc, [pid_n * BN, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
+            _tma_load(x_desc, [m_lo, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
+            _tma_load(w_desc, [w_row, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
 
 
 @gluon.jit
@@ -170,17 +171,52 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
     return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
 
 
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _find_tile(offsets_ptr, t, num_experts, BM: gl.constexpr, E_POW2: gl.constexpr, num_warps: gl.constexpr):
+    """grouped.py's _find_tile: (expert, first row, end of the expert's rows) of row tile t, the experts' BM-row
+    tiles numbered in expert order; expert = num_experts for t past the last tile. (An associative scan for the
+    cumulative sum: Triton 3.6's Gluon has no cumsum.)"""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    e = gl.arange(0, E_POW2, layout=layout)
+    ok = e < num_experts
+    lo = gl.load(offsets_ptr + e, mask=ok, other=0)
+    hi = gl.load(offsets_ptr + e + 1, mask=ok, other=0)
+    tiles = (hi - lo + BM - 1) // BM
+    ends = gl.associative_scan(tiles, 0, _add)  # one past each expert's last tile
+    expert = gl.sum((ends <= t).to(gl.int32), 0)
+    mine = e == expert
+    first = gl.sum(gl.where(mine, lo + (t - ends + tiles) * BM, 0), 0)
+    return expert, first, gl.sum(gl.where(mine, hi, 0), 0)
+
+
 # M is never specialized (Triton would compile M % 16 == 0 apart), nor the split count: one binary per tile shape.
-@gluon.jit(do_not_specialize=["M", "n_splits"])
-def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per_split, n_splits, stride_om,
+@gluon.jit(do_not_specialize=["M", "n_splits", "num_experts"])
+def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets_ptr, M, N, K, k_per_split,
+                       n_splits, num_experts, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                       STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+                       STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
+                       E_POW2: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
     # Whole chunks of CS steps (k_per_split is a multiple of CS * BK); steps past K read zeros (TMA's bounds).
     CS: gl.constexpr = SCALE_CHUNK * GROUP // BK
     n_chunks = gl.cdiv(gl.minimum(k_lo + k_per_split, K) - k_lo, CS * BK)
+    if GROUPED:
+        # Rows sorted by expert; program (n tile, 0, t) takes row tile t of the experts' tiles, expert e's weight
+        # rows e * N + n of the stacked words and scales viewed 2-D. Tiles past the last do nothing.
+        expert, m_lo, m_end = _find_tile(offsets_ptr, gl.program_id(2), num_experts, BM, E_POW2, num_warps)
+        w_row = expert * N + pid_n * BN
+        n_chunks = gl.where(expert < num_experts, n_chunks, 0)
+    else:
+        m_lo = gl.program_id(2) * BM
+        m_end = M
+        w_row = pid_n * BN
 
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
     w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
@@ -198,8 +234,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K
     results = gl.warp_specialize([
         (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks,
                           GROUP, BN, BM, BK, STAGES, CS, SSTAGES, num_warps)),
-        (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, pid_n,
-                           k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
+        (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
+                           m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
     ], [1], [24])
     acc = results[0]
     for s in gl.static_range(STAGES):
@@ -215,21 +251,22 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K
                                                warps_per_cta=[1, num_warps], order=[0, 1])
     acc = gl.convert_layout(acc, io_layout)
     ns = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, io_layout))
-    ms = gl.arange(0, BM, layout=gl.SliceLayout(0, io_layout))
-    mask = gl.expand_dims(ns < N, 1) & gl.expand_dims(ms < M, 0)
+    ms = m_lo + gl.arange(0, BM, layout=gl.SliceLayout(0, io_layout))
+    mask = gl.expand_dims(ns < N, 1) & gl.expand_dims(ms < m_end, 0)
     out_offs = gl.expand_dims(ms * stride_om, 0) + gl.expand_dims(ns, 1)
     if SPLIT:
         # Partials in ws [n_splits, M, N] fp32 (int32 offsets: the host checks n_splits * M * N < 2**31).
         part_offs = gl.expand_dims(ms * N, 0) + gl.expand_dims(ns, 1)
         gl.store(ws_ptr + split * M * N + part_offs, acc, mask=mask)
         _cta_barrier()
-        ticket = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        tile_id = gl.program_id(2) * gl.num_programs(0) + pid_n
+        ticket = gl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel")
         if ticket == n_splits - 1:
             total = gl.zeros([BN, BM], gl.float32, io_layout)
             for t in range(n_splits):  # fixed order: the sum does not depend on arrival order
                 total += gl.load(ws_ptr + t * M * N + part_offs, mask=mask, other=0.0, cache_modifier=".cg")
             gl.store(out_ptr + out_offs, total.to(gl.bfloat16), mask=mask)
-            gl.atomic_xchg(cnt_ptr + pid_n, 0)
+            gl.atomic_xchg(cnt_ptr + tile_id, 0)
     else:
         gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
 
@@ -277,22 +314,77 @@ def _desc(t: Tensor, block: list[int], dtype: str) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _smem_layout(*block, dtype))
 
 
-def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor]) -> Tensor:
+@dataclass(frozen=True)
+class Tile:
+    """A program's tile: `warps` MMA warps of 16 weight rows each (BN = 16 * warps; 4 is one warpgroup), `bm`
+    activation rows (0: M rounded up to a power of two >= 16, one M tile: decode), `bk` of K per step, `stages`
+    ring slots, `regs` registers per thread (0: max_registers' choice)."""
+
+    warps: int = 4
+    bm: int = 0
+    bk: int = BLOCK_K
+    stages: int = STAGES
+    regs: int = 0
+
+
+DECODE = Tile()
+# Training and prefill rows (bench/RESULTS.md, fifteenth session: 12 dense shapes at M = 4096 / 16384, 0.82 / 0.84x
+# bf16 cuBLAS, against 0.70 / 0.73 for one warpgroup of 256 rows): two warpgroups of 64 weight rows on 256 activation
+# rows share each step's activations, and while one waits on its synchronous wgmma the other decodes. 168 registers:
+# the 8 MMA warps and the loader round up to 12 warps, 384 threads on the SM's 64k registers.
+TRAIN = Tile(warps=8, bm=256, bk=64, stages=3, regs=168)
+
+
+def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, cnt: Tensor, offsets: Tensor,
+            grid: tuple[int, int, int], k_per_split: int, experts: int, group: int, n: int, bm: int,
+            tile: Tile) -> None:
+    m, k = x.shape
+    bn = 16 * tile.warps
+    if max(grid[1], 1) * m * n >= 2**31:
+        raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
+    _wgmma_int4_kernel[grid](
+        _desc(x, [bm, tile.bk], "bf16"), _desc(values, [bn, tile.bk // 8], "int32"),
+        _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, m, n, k, k_per_split, grid[1], experts,
+        out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=SCALE_STAGES,
+        SPLIT=grid[1] > 1, GROUPED=experts > 0, E_POW2=triton.next_power_of_2(max(experts, 1)),
+        num_warps=tile.warps, maxnreg=tile.regs or max_registers(bm, group))
+
+
+def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor], tile: Tile = DECODE
+               ) -> Tensor:
     """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`; out: [M, N] contiguous;
     tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
     m, k = x.shape
-    bm = max(16, triton.next_power_of_2(m))
-    n_tiles = triton.cdiv(w.n, BLOCK_N)
+    bm = tile.bm or max(16, triton.next_power_of_2(m))
+    n_tiles, m_tiles = triton.cdiv(w.n, 16 * tile.warps), triton.cdiv(m, bm)
     chunk = SCALE_CHUNK.value * w.group  # splits take whole scale chunks
-    want = PROGRAMS_PER_SM * sm_count(x.device) // n_tiles
+    want = PROGRAMS_PER_SM * sm_count(x.device) // (n_tiles * m_tiles)
     k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, chunk), want)), chunk)
-    if split * m * w.n >= 2**31:
-        raise ValueError(f"wgmma_int4: {split} splits x [{m}, {w.n}] partials overflow the kernel's int32 offsets")
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
-    cnt = tickets(n_tiles) if split > 1 else out
-    _wgmma_int4_kernel[(n_tiles, split)](
-        _desc(x, [bm, BLOCK_K], "bf16"), _desc(w.values, [BLOCK_N, BLOCK_K // 8], "int32"),
-        _desc(w.scale, [BLOCK_N, SCALE_CHUNK.value], "bf16"), out, ws, cnt, m, w.n, k, k_per_split, split,
-        out.stride(0), GROUP=w.group, BN=BLOCK_N, BM=bm, BK=BLOCK_K, STAGES=STAGES, SSTAGES=SCALE_STAGES,
-        SPLIT=split > 1, num_warps=4, maxnreg=max_registers(bm, w.group))
+    cnt = tickets(n_tiles * m_tiles) if split > 1 else out
+    _launch(x, w.values, w.scale, out, ws, cnt, cnt, (n_tiles, split, m_tiles), k_per_split, 0, w.group, w.n, bm,
+            tile)
+    return out
+
+
+def supports_grouped(x: Tensor, w: PackedWeight) -> bool:
+    """Whether wgmma_int4_grouped can compute the grouped forward: `supports`' conditions but for the row count
+    (any), on stacked int4 experts of group 32 whose words and scales view as 2-D [E * N, ...]."""
+    return (x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2 and w.fmt.code == INT4
+            and w.experts is not None and w.group == 32 and w.k % (SCALE_CHUNK.value * w.group) == 0
+            and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+            and w.values.is_contiguous() and w.values.data_ptr() % 16 == 0
+            and w.scale.dtype == torch.bfloat16 and w.scale.is_contiguous() and w.scale.data_ptr() % 16 == 0
+            and capability(x.device) == (9, 0))
+
+
+def wgmma_int4_grouped(x: Tensor, offsets: Tensor, w: PackedWeight, out: Tensor, tile: Tile = TRAIN) -> Tensor:
+    """Per expert e: out[rows_e] = x[rows_e] @ W_e^T where `supports_grouped(x, w)`; x [T, K] sorted by expert,
+    offsets int32 [E + 1] on the device (rows of expert e: offsets[e]:offsets[e + 1]); out [T, N] contiguous.
+    Only the row tiles of experts with rows run; no host sync."""
+    t, k = x.shape
+    experts = w.experts
+    grid = (triton.cdiv(w.n, 16 * tile.warps), 1, max_row_tiles(t, tile.bm, experts))
+    _launch(x, w.values.view(experts * w.n, -1), w.scale.view(experts * w.n, -1), out, out, offsets, offsets, grid,
+            k, experts, w.group, w.n, tile.bm, tile)
     return out

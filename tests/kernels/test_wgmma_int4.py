@@ -31,44 +31,46 @@ ptxas = get_ptxas(90)
 ptxas = getattr(ptxas, "path", ptxas)
 names = list(inspect.signature(wg._wgmma_int4_kernel.fn).parameters)
 report = {}
-for bm in (16, 32, 64):
-    for group in (32, 128):
-        for split in (False, True):
-            x = torch.empty(bm, 4096, dtype=torch.bfloat16)
-            words = torch.empty(4096, 512, dtype=torch.int32)
-            scales = torch.empty(4096, 4096 // group, dtype=torch.bfloat16)
-            descs = {"x_desc": TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, wg.BLOCK_K],
-                                                gl.NVMMASharedLayout.get_default_for([bm, wg.BLOCK_K], gl.bfloat16)),
-                     "w_desc": TensorDescriptor(words, list(words.shape), list(words.stride()),
-                                                [wg.BLOCK_N, wg.BLOCK_K // 8],
-                                                gl.NVMMASharedLayout.get_default_for([wg.BLOCK_N, wg.BLOCK_K // 8],
-                                                                                     gl.int32)),
-                     "s_desc": TensorDescriptor(scales, list(scales.shape), list(scales.stride()),
-                                                [wg.BLOCK_N, wg.SCALE_CHUNK.value],
-                                                gl.NVMMASharedLayout.get_default_for(
-                                                    [wg.BLOCK_N, wg.SCALE_CHUNK.value], gl.bfloat16))}
-            const = dict(GROUP=group, BN=wg.BLOCK_N, BM=bm, BK=wg.BLOCK_K, STAGES=wg.STAGES, SSTAGES=wg.SCALE_STAGES,
-                         SPLIT=split, num_warps=4)
-            pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
-            sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
-                   for n in names}
-            # Triton's launch-time specializations (16-divisible pointers and sizes) shape the code; pass them.
-            attrs = {(names.index(n),): [["tt.divisibility", 16]]
-                     for n in ("out_ptr", "ws_ptr", "cnt_ptr", "stride_om", "K", "N")}
-            src = GluonASTSource(fn=wg._wgmma_int4_kernel, signature=sig, attrs=attrs,
-                                 constexprs={(names.index(k),): v for k, v in const.items()})
-            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                      options=dict(num_warps=4, maxnreg=wg.max_registers(bm, group)))
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-                f.write(compiled.asm["ptx"])
-                f.flush()
-                out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
-                                     text=True, check=True).stderr
-            ptx = compiled.asm["ptx"]
-            report[f"bm{bm}-g{group}-split{int(split)}"] = {
-                "registers": int(out.split("Used ")[1].split(" registers")[0]),
-                "spills": out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1,
-                "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor")}
+variants = [(f"bm{bm}-g{group}-split{int(split)}", wg.DECODE, bm, group, split, False)
+            for bm in (16, 32, 64) for group in (32, 128) for split in (False, True)]
+variants += [("train-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, False),
+             ("grouped-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, True)]
+for name, tile, bm, group, split, grouped in variants:
+    bn = 16 * tile.warps
+    x = torch.empty(bm, 4096, dtype=torch.bfloat16)
+    words = torch.empty(4096, 512, dtype=torch.int32)
+    scales = torch.empty(4096, 4096 // group, dtype=torch.bfloat16)
+    descs = {"x_desc": TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, tile.bk],
+                                        gl.NVMMASharedLayout.get_default_for([bm, tile.bk], gl.bfloat16)),
+             "w_desc": TensorDescriptor(words, list(words.shape), list(words.stride()), [bn, tile.bk // 8],
+                                        gl.NVMMASharedLayout.get_default_for([bn, tile.bk // 8], gl.int32)),
+             "s_desc": TensorDescriptor(scales, list(scales.shape), list(scales.stride()),
+                                        [bn, wg.SCALE_CHUNK.value],
+                                        gl.NVMMASharedLayout.get_default_for(
+                                            [bn, wg.SCALE_CHUNK.value], gl.bfloat16))}
+    const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
+                 SPLIT=split, GROUPED=grouped, E_POW2=128 if grouped else 1, num_warps=tile.warps)
+    pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32"}
+    sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
+           for n in names}
+    # Triton's launch-time specializations (16-divisible pointers and sizes) shape the code; pass them.
+    attrs = {(names.index(n),): [["tt.divisibility", 16]]
+             for n in ("out_ptr", "ws_ptr", "cnt_ptr", "offsets_ptr", "stride_om", "K", "N")}
+    src = GluonASTSource(fn=wg._wgmma_int4_kernel, signature=sig, attrs=attrs,
+                         constexprs={(names.index(k),): v for k, v in const.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=tile.warps,
+                                           maxnreg=tile.regs or wg.max_registers(bm, group)))
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(compiled.asm["ptx"])
+        f.flush()
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
+                             text=True, check=True).stderr
+    ptx = compiled.asm["ptx"]
+    report[name] = {"bk": tile.bk, "group": group,
+        "registers": int(out.split("Used ")[1].split(" registers")[0]),
+        "spills": out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1,
+        "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor")}
 print(json.dumps(report))
 """
 
@@ -84,13 +86,15 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     """Each shipped variant compiles (a layout step that is not trivial fails the compile), spills nothing under the
     register cap (max_registers at launch), and multiplies with wgmma on TMA-loaded tiles."""
     report = _report()
-    assert set(report) == {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
+    decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
+    assert set(report) == decode | {"train-g32", "grouped-g32"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
-        # 128 of K per step is 8 k16 wgmmas per step of a scale chunk (2 steps at group 32, 8 at 128, unrolled); the
-        # loader's TMA loads: the scale chunk, the words, and x in 128-byte swizzle boxes (two per step).
-        steps = kernels.wgmma_int4.SCALE_CHUNK.value * int(name.split("-g")[1].split("-")[0]) // 128
-        assert r["wgmma"] == kernels.wgmma_int4.BLOCK_K // 16 * steps and r["tma"] == 1 + 3 * steps, (name, r)
+        # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
+        # at 128; at the training tiles' 64, 4 steps; unrolled); the loader's TMA loads: the scale chunk, then per
+        # step the words and x in 128-byte swizzle boxes (BK * 2 bytes of each row: two boxes at 128, one at 64).
+        steps = kernels.wgmma_int4.SCALE_CHUNK.value * r["group"] // r["bk"]
+        assert r["wgmma"] == r["bk"] // 16 * steps and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
 
 
 def _run_pair_asm(word: int, byte: int, scale_bits: int) -> tuple[int, int]:
@@ -267,3 +271,55 @@ def test_other_rows_layouts_and_modes_keep_their_kernels(monkeypatch):
     monkeypatch.setattr(kernels.configs, "WGMMA_INT4", False)
     kernels.dequant_linear(x[:32, :1024], "int4", packed)
     assert calls == []
+
+
+def _bf16_weight_bound(x: torch.Tensor, wb: torch.Tensor, ref_b: torch.Tensor) -> torch.Tensor:
+    """test_against_fp64_where_dense_gemm_sends_it's tight bound against the decoded bf16 weights wb [.., N, K]."""
+    return 2.0**-8 * ref_b.abs() + x.shape[-1] * 2.0**-23 * (x.double().abs() @ wb.abs().transpose(-1, -2))
+
+
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+def test_training_tile_covers_many_row_tiles():
+    """wgmma_int4.TRAIN (two warpgroups, 256 activation rows per program) on M = 600 (three row tiles, the last
+    partial) and N = 320 (a partial 128-row weight tile): every output meets the bound against the bf16 weights, and
+    nothing past M or N is written."""
+    from orbit_lightning.kernels import wgmma_int4 as wg
+    from orbit_lightning.kernels.formats import resolve
+    from orbit_lightning.kernels.gemm import _tickets
+
+    m, n, k = 600, 320, 2048
+    packed, _ = random_weight("int4", (n, k), seed=21, device="cuda")
+    x = torch.randn(m, k, generator=torch.Generator("cuda").manual_seed(21), device="cuda").bfloat16()
+    out = torch.full((m + 8, n + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
+    # 3 x 3 tiles on 132 SMs: K splits in 8 (whole scale chunks), partials summed per tile.
+    y = wg.wgmma_int4(x, resolve("int4", packed, stacked=False), out[:m, :n], lambda c: _tickets(x.device, c), wg.TRAIN)
+    wb = kernels.dequantize("int4", packed).double()
+    ref_b = x.double() @ wb.T
+    assert_within(y, ref_b, _bf16_weight_bound(x, wb, ref_b))
+    assert out[m:].isnan().all() and out[:, n:].isnan().all()
+
+
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+def test_grouped_training_tile_meets_each_experts_reference():
+    """wgmma_int4_grouped on 8 experts whose row counts are uneven: empty experts (first, middle, last), one row, a
+    count just past a 256-row tile and several tiles: each expert's rows meet the bound against x_e @ W_e^T of its
+    decoded bf16 weights, through device offsets alone, and every row is written."""
+    from orbit_lightning.kernels import wgmma_int4 as wg
+    from orbit_lightning.kernels.formats import resolve
+
+    counts = [0, 1, 257, 0, 40, 600, 3, 0]
+    e, n, k = len(counts), 384, 1024
+    packed, _ = random_weight("int4", (e, n, k), seed=22, device="cuda")
+    w = resolve("int4", packed, stacked=True)
+    t = sum(counts)
+    x = torch.randn(t, k, generator=torch.Generator("cuda").manual_seed(22), device="cuda").bfloat16()
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    assert wg.supports_grouped(x, w)
+    out = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    wg.wgmma_int4_grouped(x, offsets, w, out)
+    wb = kernels.dequantize("int4", packed).double()  # [E, N, K]
+    for i, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        ref_b = x[lo:hi].double() @ wb[i].T
+        assert_within(out[lo:hi], ref_b, _bf16_weight_bound(x[lo:hi], wb[i], ref_b))
