@@ -11,6 +11,7 @@ against the same product on the decoded bf16 weights.
 """
 
 import argparse
+import dataclasses
 import importlib.util
 import math
 import os
@@ -38,14 +39,27 @@ def _geomean(v: list[float]) -> str:
     return f"{math.exp(sum(map(math.log, v)) / len(v)):.3f} (min {min(v):.2f}, n={len(v)})"
 
 
+TILES = {"wg": wg.TRAIN, "wg-h": dataclasses.replace(wg.TRAIN, halves=not wg.TRAIN.halves)}
+
+
 def tickets(count: int) -> torch.Tensor:
     return _tickets(torch.device("cuda", torch.cuda.current_device()), count)
+
+
+def _row(ratios: dict, size: int, t: dict[str, float], base: float, errs: list[float], label: str) -> None:
+    """Print one shape's times and ratios (base time / path time), and keep the ratios for the geomeans."""
+    paths = list(t)[1:]
+    for a in paths:
+        ratios.setdefault((size, a), []).append(base / t[a])
+    print(f"{label} | " + " ".join(f"{t[a]:7.0f}" for a in t) + " | " + " ".join(f"{base / t[a]:5.2f}" for a in paths)
+          + " | " + " ".join(f"{e:.0e}" for e in errs), flush=True)
 
 
 def dense(ms: list[int]) -> None:
     fmt = get_format("int4")
     ratios: dict[tuple[int, str], list[float]] = {}
-    print(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6} | {'bf16':>7} {'dq':>7} {'wg':>7} | dq x  wg x | err")
+    print(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6} | bf16, dq, " + ", ".join(TILES)
+          + " (us) | x bf16 | err")
     for model, layers in bk.DENSE.items():
         for layer, n, k in layers:
             w = bk.randn(n, k, scale=0.02)
@@ -55,13 +69,13 @@ def dense(ms: list[int]) -> None:
             for m in ms:
                 x = bk.randn(m, k)
                 out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-                err = _err(wg.wgmma_int4(x, pw, out, tickets, wg.TRAIN), F.linear(x, wb))
-                t = {"bf16": bk.us(F.linear, x, w), "dq": bk.us(bk.dq_linear, x, packed),
-                     "wg": bk.us(wg.wgmma_int4, x, pw, out, tickets, wg.TRAIN)}
-                for a in ("dq", "wg"):
-                    ratios.setdefault((m, a), []).append(t["bf16"] / t[a])
-                print(f"{model:16} {layer:12} {n:6} {k:6} {m:6} | {t['bf16']:7.0f} {t['dq']:7.0f} {t['wg']:7.0f} | "
-                      f"{t['bf16'] / t['dq']:4.2f} {t['bf16'] / t['wg']:5.2f} | {err:.1e}", flush=True)
+                ref = F.linear(x, wb)
+                t = {"bf16": bk.us(F.linear, x, w), "dq": bk.us(bk.dq_linear, x, packed)}
+                errs = []
+                for name, tile in TILES.items():
+                    errs.append(_err(wg.wgmma_int4(x, pw, out, tickets, tile), ref))
+                    t[name] = bk.us(wg.wgmma_int4, x, pw, out, tickets, tile)
+                _row(ratios, m, t, t["bf16"], errs, f"{model:16} {layer:12} {n:6} {k:6} {m:6}")
             del w, packed, wb
             torch.cuda.empty_cache()
     for (m, a), v in sorted(ratios.items()):
@@ -69,9 +83,9 @@ def dense(ms: list[int]) -> None:
 
 
 def moe(token_counts: list[int]) -> None:
-    ratios: dict[str, list[float]] = {}
-    print(f"{'model':16} {'proj':8} {'E':>4} {'N':>5} {'K':>5} {'tokens':>6} | {'gmm':>7} {'dq':>7} {'wg':>7} | "
-          f"dq x  wg x | err")
+    ratios: dict[tuple[int, str], list[float]] = {}
+    print(f"{'model':16} {'proj':8} {'E':>4} {'N':>5} {'K':>5} {'tokens':>6} | gmm, dq, " + ", ".join(TILES)
+          + " (us) | x grouped_mm | err")
     for model, (experts, top_k, hidden, inter, _) in bk.MOE.items():
         for proj, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
             w = bk.randn(experts, n, k, scale=0.02)
@@ -87,18 +101,18 @@ def moe(token_counts: list[int]) -> None:
                 offsets = torch.cat([ends.new_zeros(1), ends])
                 x = bk.randn(rows, k)
                 out = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
-                err = _err(wg.wgmma_int4_grouped(x, offsets, pw, out), bk.GROUPED_MM(x, wb.transpose(1, 2), offs=ends))
+                ref = bk.GROUPED_MM(x, wb.transpose(1, 2), offs=ends)
                 t = {"gmm": bk.us(bk.GROUPED_MM, x, w.transpose(1, 2), offs=ends),
-                     "dq": bk.us(bk.chunked, x, qe, "gate_proj", counts.tolist(), per_chunk, dx=False),
-                     "wg": bk.us(wg.wgmma_int4_grouped, x, offsets, pw, out)}
-                for a in ("dq", "wg"):
-                    ratios.setdefault(f"{tokens} {a}", []).append(t["gmm"] / t[a])
-                print(f"{model:16} {proj:8} {experts:4} {n:5} {k:5} {tokens:6} | {t['gmm']:7.0f} {t['dq']:7.0f} "
-                      f"{t['wg']:7.0f} | {t['gmm'] / t['dq']:4.2f} {t['gmm'] / t['wg']:5.2f} | {err:.1e}", flush=True)
+                     "dq": bk.us(bk.chunked, x, qe, "gate_proj", counts.tolist(), per_chunk, dx=False)}
+                errs = []
+                for name, tile in TILES.items():
+                    errs.append(_err(wg.wgmma_int4_grouped(x, offsets, pw, out, tile), ref))
+                    t[name] = bk.us(wg.wgmma_int4_grouped, x, offsets, pw, out, tile)
+                _row(ratios, tokens, t, t["gmm"], errs, f"{model:16} {proj:8} {experts:4} {n:5} {k:5} {tokens:6}")
             del w, qe, wb
             torch.cuda.empty_cache()
-    for key, v in sorted(ratios.items(), key=lambda kv: (int(kv[0].split()[0]), kv[0])):
-        print(f"-- moe {key}: geomean x grouped_mm {_geomean(v)}")
+    for (tokens, a), v in sorted(ratios.items()):
+        print(f"-- moe {tokens} tokens {a}: geomean x grouped_mm {_geomean(v)}")
 
 
 def main() -> None:

@@ -270,6 +270,13 @@ FAST_INT4 = True
 # int4 on bf16 at 9-64 rows on Hopper: the warpgroup-MMA kernel (wgmma_int4.py) instead of the decode GEMV (9-16) and
 # the tile kernel (17-64); set False to compare (bench/rollout.py --no-wgmma).
 WGMMA_INT4 = True
+# MoE prefill and training, int4 g32 on bf16 on Hopper: chunks of experts (their sizes read on the host) averaging at
+# most this many rows per expert run the grouped warpgroup-MMA kernel (wgmma_int4_grouped, which reads only the packed
+# bytes) instead of dequantizing the chunk to bf16 for torch's grouped GEMM. bench/wgmma_train.py (H200, 6 MoE
+# projections, forward, x grouped_mm): 512 rows per expert (or 256 for DeepSeek-V3's 256 experts) 0.87 against 0.74
+# for dequantize + grouped_mm; 1024 / 512: 0.86 / 0.85; 2048 / 1024: 0.86 / 0.90. Below 64 rows per expert the
+# device-group kernels take the batch without a host read (quant.dispatch.FUSED_MAX_ROWS).
+WGMMA_GROUPED_MAX_ROWS = 768
 
 
 def _index(device: torch.device) -> int:

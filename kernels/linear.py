@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from . import configs
+from . import configs, wgmma_int4
 from .configs import GemvConfig, TileConfig, capability, pick_grouped_mma
 from .emulate import INTERPRETED
 from .formats import PackedWeight, plain, resolve
@@ -22,6 +22,7 @@ from .gemv_lora import LoraDelta
 from .grouped import check_grouped, grouped_gemm
 from .grouped_lora import ExpertLora
 from .grouped_mma import grouped_mma, same_layout
+from .mode import is_batch_invariant
 
 if TYPE_CHECKING:  # the quant package imports these kernels, not the other way round
     from orbit_lightning.quant.formats import QuantFormat
@@ -89,6 +90,27 @@ def grouped_dequant_linear(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
         return grouped_gemm(x_sorted, expert_offsets, w, dx=False, config=config)  # (checks its arguments)
     check_grouped(x_sorted, expert_offsets, w, dx=False)
     return grouped_mma(x_sorted, expert_offsets, w, mma)
+
+
+def grouped_prefill_linear(x_sorted: Tensor, group_offsets: Tensor, fmt: str | QuantFormat,
+                           packed: Mapping[str, Tensor], expert_ids: Tensor | None = None, **fmt_kw) -> Tensor | None:
+    """grouped_dequant_linear for many rows per expert (prefill, training) where the grouped warpgroup-MMA kernel
+    serves (int4 g32 on bf16, Hopper, at most configs.WGMMA_GROUPED_MAX_ROWS rows per group on average, outside
+    batch-invariant mode), reading only the packed bytes; None elsewhere, for the caller's path. group_offsets: int32
+    [G + 1] on the device; expert_ids: int32 [G], the experts of the groups (a chunk of experts), or None for G = E.
+    Returns [T, N] in x_sorted.dtype."""
+    w = resolve(fmt, packed, stacked=True, **fmt_kw)
+    groups = w.experts if expert_ids is None else expert_ids.numel()
+    if (not configs.WGMMA_INT4 or is_batch_invariant() or not wgmma_int4.supports_grouped(x_sorted, w)
+            or group_offsets.dtype != torch.int32 or x_sorted.shape[0] > configs.WGMMA_GROUPED_MAX_ROWS * groups):
+        return None
+    if group_offsets.numel() != groups + 1 or group_offsets.device != x_sorted.device:
+        raise ValueError(f"group_offsets must be [G + 1] = [{groups + 1}] on {x_sorted.device}, got "
+                         f"{tuple(group_offsets.shape)} on {group_offsets.device}")
+    out = torch.empty((x_sorted.shape[0], w.n), dtype=x_sorted.dtype, device=x_sorted.device)
+    if x_sorted.shape[0] == 0:
+        return out
+    return wgmma_int4.wgmma_int4_grouped(x_sorted, group_offsets, w, out, ids=expert_ids)
 
 
 def grouped_dequant_swiglu(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | QuantFormat,

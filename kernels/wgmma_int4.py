@@ -125,12 +125,15 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
 
 
 @gluon.jit
-def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks,
+def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                   CS: gl.constexpr, SSTAGES: gl.constexpr, num_warps: gl.constexpr):
-    """The kernel's warps: decode each step's words into wgmma's register operand and multiply."""
+                   CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr):
+    """The kernel's warps: decode each step's words into wgmma's register operand and multiply. HALVES: the BM
+    activation rows as two halves with their own accumulators, the second multiplied only when the tile has more than
+    BM / 2 `rows` (an expert's last tile often holds a few)."""
+    HM: gl.constexpr = BM // 2 if HALVES else BM
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BM, 16])
+                                                         instr_shape=[16, HM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     pair_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
     w3: gl.constexpr = _word_layout(BN, BK, num_warps)
@@ -143,7 +146,10 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
     l3s: gl.constexpr = _scale_layout(BN, GPS, WPG, num_warps)
     s_layout: gl.constexpr = gl.SliceLayout(2, l3s)
 
-    acc = gl.zeros([BN, BM], gl.float32, acc_layout)
+    acc = gl.zeros([BN, HM], gl.float32, acc_layout)
+    if HALVES:
+        acc_hi = gl.zeros([BN, HM], gl.float32, acc_layout)
+        two = rows > HM
     for c in range(n_chunks):
         sslot = c % SSTAGES
         mbarrier.wait(s_ready.index(sslot), (c // SSTAGES) & 1)
@@ -163,12 +169,19 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
             # wait is undefined (PTX ISA). With one MMA left in flight (warpgroup_mma_wait(1)) ptxas gave the next
             # step's decode the same registers, and an H200 returned NaNs at 64 rows, group 128; the wait's deps keep
             # the bf16 values alive, not the packed registers the MMA reads. The other programs on the SM overlap.
-            acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
+            if HALVES:
+                acc = warpgroup_mma(a, x_smem.index(slot).slice(0, HM, dim=0).permute((1, 0)), acc)
+                if two:
+                    acc_hi = warpgroup_mma(a, x_smem.index(slot).slice(HM, HM, dim=0).permute((1, 0)), acc_hi)
+            else:
+                acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
             fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
             mbarrier.arrive(empty.index(slot))
         fence_async_shared()
         mbarrier.arrive(s_empty.index(sslot))
-    return (acc,)  # (warp_specialize takes the default partition's results as a tuple)
+    if not HALVES:
+        acc_hi = acc  # (one result or two, the same tuple type)
+    return acc, acc_hi
 
 
 @gluon.jit
@@ -196,11 +209,12 @@ def _find_tile(offsets_ptr, t, num_experts, BM: gl.constexpr, E_POW2: gl.constex
 
 # M is never specialized (Triton would compile M % 16 == 0 apart), nor the split count: one binary per tile shape.
 @gluon.jit(do_not_specialize=["M", "n_splits", "num_experts"])
-def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets_ptr, M, N, K, k_per_split,
-                       n_splits, num_experts, stride_om,
+def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets_ptr, ids_ptr, M, N, K,
+                       k_per_split, n_splits, num_experts, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
-                       E_POW2: gl.constexpr, num_warps: gl.constexpr):
+                       HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr,
+                       num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
@@ -208,11 +222,15 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
     CS: gl.constexpr = SCALE_CHUNK * GROUP // BK
     n_chunks = gl.cdiv(gl.minimum(k_lo + k_per_split, K) - k_lo, CS * BK)
     if GROUPED:
-        # Rows sorted by expert; program (n tile, 0, t) takes row tile t of the experts' tiles, expert e's weight
-        # rows e * N + n of the stacked words and scales viewed 2-D. Tiles past the last do nothing.
-        expert, m_lo, m_end = _find_tile(offsets_ptr, gl.program_id(2), num_experts, BM, E_POW2, num_warps)
+        # Rows sorted by group; program (n tile, 0, t) takes row tile t of the groups' tiles, whose expert (group g,
+        # or ids[g] for a chunk of experts) has weight rows expert * N + n in the stacked words and scales viewed
+        # 2-D. Tiles past the last do nothing.
+        group, m_lo, m_end = _find_tile(offsets_ptr, gl.program_id(2), num_experts, BM, E_POW2, num_warps)
+        expert = group
+        if HAS_IDS:
+            expert = gl.load(ids_ptr + gl.minimum(group, num_experts - 1))
         w_row = expert * N + pid_n * BN
-        n_chunks = gl.where(expert < num_experts, n_chunks, 0)
+        n_chunks = gl.where(group < num_experts, n_chunks, 0)
     else:
         m_lo = gl.program_id(2) * BM
         m_end = M
@@ -232,12 +250,11 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         mbarrier.init(s_ready.index(s), count=1)
         mbarrier.init(s_empty.index(s), count=1)
     results = gl.warp_specialize([
-        (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks,
-                          GROUP, BN, BM, BK, STAGES, CS, SSTAGES, num_warps)),
+        (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo,
+                          GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps)),
         (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
                            m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
     ], [1], [24])
-    acc = results[0]
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
@@ -245,6 +262,21 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         mbarrier.invalidate(s_ready.index(s))
         mbarrier.invalidate(s_empty.index(s))
 
+    if HALVES:  # (the host launches no K split with halves)
+        _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
+                     BN, BM // 2, False, num_warps)
+        _store_block(results[1], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo + BM // 2, m_end, M, N, n_splits,
+                     stride_om, BN, BM // 2, False, num_warps)
+    else:
+        _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
+                     BN, BM, SPLIT, num_warps)
+
+
+@gluon.jit
+def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
+                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+    """out[m_lo + j, pid_n * BN + i] = acc[i, j] (bf16) for rows below m_end and columns below N; with SPLIT, this
+    split's fp32 partials, and the last split of the tile to arrive sums them all in split order."""
     # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
     # are [M, N] row-major, so n is the contiguous side of the transposed tile.
     io_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[BN // 4, 128 // BN],
@@ -325,6 +357,7 @@ class Tile:
     bk: int = BLOCK_K
     stages: int = STAGES
     regs: int = 0
+    halves: bool = False  # two accumulators of bm / 2 activation rows, the second skipped on tiles of fewer rows
 
 
 DECODE = Tile()
@@ -332,22 +365,23 @@ DECODE = Tile()
 # bf16 cuBLAS, against 0.70 / 0.73 for one warpgroup of 256 rows): two warpgroups of 64 weight rows on 256 activation
 # rows share each step's activations, and while one waits on its synchronous wgmma the other decodes. 168 registers:
 # the 8 MMA warps and the loader round up to 12 warps, 384 threads on the SM's 64k registers.
-TRAIN = Tile(warps=8, bm=256, bk=64, stages=3, regs=168)
+TRAIN = Tile(warps=8, bm=256, bk=64, stages=3, regs=168, halves=True)
 
 
 def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, cnt: Tensor, offsets: Tensor,
-            grid: tuple[int, int, int], k_per_split: int, experts: int, group: int, n: int, bm: int,
-            tile: Tile) -> None:
+            ids: Tensor | None, grid: tuple[int, int, int], k_per_split: int, experts: int, group: int, n: int,
+            bm: int, tile: Tile) -> None:
     m, k = x.shape
     bn = 16 * tile.warps
     if max(grid[1], 1) * m * n >= 2**31:
         raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
     _wgmma_int4_kernel[grid](
         _desc(x, [bm, tile.bk], "bf16"), _desc(values, [bn, tile.bk // 8], "int32"),
-        _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, m, n, k, k_per_split, grid[1], experts,
-        out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=SCALE_STAGES,
-        SPLIT=grid[1] > 1, GROUPED=experts > 0, E_POW2=triton.next_power_of_2(max(experts, 1)),
-        num_warps=tile.warps, maxnreg=tile.regs or max_registers(bm, group))
+        _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids, m, n, k,
+        k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
+        SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
+        E_POW2=triton.next_power_of_2(max(experts, 1)), num_warps=tile.warps,
+        maxnreg=tile.regs or max_registers(bm, group))
 
 
 def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor], tile: Tile = DECODE
@@ -359,11 +393,11 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
     n_tiles, m_tiles = triton.cdiv(w.n, 16 * tile.warps), triton.cdiv(m, bm)
     chunk = SCALE_CHUNK.value * w.group  # splits take whole scale chunks
     want = PROGRAMS_PER_SM * sm_count(x.device) // (n_tiles * m_tiles)
-    k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, chunk), want)), chunk)
+    k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, chunk), want if not tile.halves else 1)), chunk)
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = tickets(n_tiles * m_tiles) if split > 1 else out
-    _launch(x, w.values, w.scale, out, ws, cnt, cnt, (n_tiles, split, m_tiles), k_per_split, 0, w.group, w.n, bm,
-            tile)
+    _launch(x, w.values, w.scale, out, ws, cnt, cnt, None, (n_tiles, split, m_tiles), k_per_split, 0, w.group, w.n,
+            bm, tile)
     return out
 
 
@@ -378,13 +412,14 @@ def supports_grouped(x: Tensor, w: PackedWeight) -> bool:
             and capability(x.device) == (9, 0))
 
 
-def wgmma_int4_grouped(x: Tensor, offsets: Tensor, w: PackedWeight, out: Tensor, tile: Tile = TRAIN) -> Tensor:
-    """Per expert e: out[rows_e] = x[rows_e] @ W_e^T where `supports_grouped(x, w)`; x [T, K] sorted by expert,
-    offsets int32 [E + 1] on the device (rows of expert e: offsets[e]:offsets[e + 1]); out [T, N] contiguous.
-    Only the row tiles of experts with rows run; no host sync."""
+def wgmma_int4_grouped(x: Tensor, offsets: Tensor, w: PackedWeight, out: Tensor, tile: Tile = TRAIN,
+                       ids: Tensor | None = None) -> Tensor:
+    """Per group g: out[rows_g] = x[rows_g] @ W_e^T where `supports_grouped(x, w)`; x [T, K] sorted by group, offsets
+    int32 [G + 1] on the device (rows of group g: offsets[g]:offsets[g + 1]); e = g (G = E), or ids[g] for a chunk of
+    experts (ids: int32 [G]); out [T, N]. Only the row tiles of groups with rows run; no host sync."""
     t, k = x.shape
-    experts = w.experts
-    grid = (triton.cdiv(w.n, 16 * tile.warps), 1, max_row_tiles(t, tile.bm, experts))
-    _launch(x, w.values.view(experts * w.n, -1), w.scale.view(experts * w.n, -1), out, out, offsets, offsets, grid,
-            k, experts, w.group, w.n, tile.bm, tile)
+    groups = w.experts if ids is None else ids.numel()
+    grid = (triton.cdiv(w.n, 16 * tile.warps), 1, max_row_tiles(t, tile.bm, groups))
+    values, scale = w.values.view(w.experts * w.n, -1), w.scale.view(w.experts * w.n, -1)
+    _launch(x, values, scale, out, out, offsets, offsets, ids, grid, k, groups, w.group, w.n, tile.bm, tile)
     return out

@@ -6,6 +6,7 @@ The bound is test_gpu.py's: one rounding of each decoded weight, fp32 accumulati
 each within 2^-9 relative; 2^-8 allowed.
 """
 
+import dataclasses
 import functools
 import sys
 
@@ -17,7 +18,7 @@ from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, rando
 from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
-import inspect, json, subprocess, sys, tempfile
+import dataclasses, inspect, json, subprocess, sys, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
@@ -33,8 +34,10 @@ names = list(inspect.signature(wg._wgmma_int4_kernel.fn).parameters)
 report = {}
 variants = [(f"bm{bm}-g{group}-split{int(split)}", wg.DECODE, bm, group, split, False)
             for bm in (16, 32, 64) for group in (32, 128) for split in (False, True)]
+halves = dataclasses.replace(wg.TRAIN, halves=not wg.TRAIN.halves)
 variants += [("train-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, False),
-             ("grouped-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, True)]
+             ("grouped-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, True),
+             ("grouped-g32-other-halves", halves, halves.bm, 32, False, True)]
 for name, tile, bm, group, split, grouped in variants:
     bn = 16 * tile.warps
     x = torch.empty(bm, 4096, dtype=torch.bfloat16)
@@ -49,13 +52,14 @@ for name, tile, bm, group, split, grouped in variants:
                                         gl.NVMMASharedLayout.get_default_for(
                                             [bn, wg.SCALE_CHUNK.value], gl.bfloat16))}
     const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
-                 SPLIT=split, GROUPED=grouped, E_POW2=128 if grouped else 1, num_warps=tile.warps)
-    pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32"}
+                 SPLIT=split, GROUPED=grouped, HALVES=tile.halves, HAS_IDS=grouped, E_POW2=128 if grouped else 1,
+                 num_warps=tile.warps)
+    pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32", "ids_ptr": "*i32"}
     sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
            for n in names}
     # Triton's launch-time specializations (16-divisible pointers and sizes) shape the code; pass them.
     attrs = {(names.index(n),): [["tt.divisibility", 16]]
-             for n in ("out_ptr", "ws_ptr", "cnt_ptr", "offsets_ptr", "stride_om", "K", "N")}
+             for n in ("out_ptr", "ws_ptr", "cnt_ptr", "offsets_ptr", "ids_ptr", "stride_om", "K", "N")}
     src = GluonASTSource(fn=wg._wgmma_int4_kernel, signature=sig, attrs=attrs,
                          constexprs={(names.index(k),): v for k, v in const.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -67,7 +71,7 @@ for name, tile, bm, group, split, grouped in variants:
         out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
                              text=True, check=True).stderr
     ptx = compiled.asm["ptx"]
-    report[name] = {"bk": tile.bk, "group": group,
+    report[name] = {"bk": tile.bk, "group": group, "halves": tile.halves,
         "registers": int(out.split("Used ")[1].split(" registers")[0]),
         "spills": out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1,
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor")}
@@ -87,14 +91,15 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     register cap (max_registers at launch), and multiplies with wgmma on TMA-loaded tiles."""
     report = _report()
     decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
-    assert set(report) == decode | {"train-g32", "grouped-g32"}
+    assert set(report) == decode | {"train-g32", "grouped-g32", "grouped-g32-other-halves"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
         # at 128; at the training tiles' 64, 4 steps; unrolled); the loader's TMA loads: the scale chunk, then per
         # step the words and x in 128-byte swizzle boxes (BK * 2 bytes of each row: two boxes at 128, one at 64).
         steps = kernels.wgmma_int4.SCALE_CHUNK.value * r["group"] // r["bk"]
-        assert r["wgmma"] == r["bk"] // 16 * steps and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
+        wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1)  # (halves: one per half of the activation rows)
+        assert r["wgmma"] == wgmmas and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
 
 
 def _run_pair_asm(word: int, byte: int, scale_bits: int) -> tuple[int, int]:
@@ -280,7 +285,8 @@ def _bf16_weight_bound(x: torch.Tensor, wb: torch.Tensor, ref_b: torch.Tensor) -
 
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-def test_training_tile_covers_many_row_tiles():
+@pytest.mark.parametrize("halves", [False, True])
+def test_training_tile_covers_many_row_tiles(halves):
     """wgmma_int4.TRAIN (two warpgroups, 256 activation rows per program) on M = 600 (three row tiles, the last
     partial) and N = 320 (a partial 128-row weight tile): every output meets the bound against the bf16 weights, and
     nothing past M or N is written."""
@@ -293,7 +299,8 @@ def test_training_tile_covers_many_row_tiles():
     x = torch.randn(m, k, generator=torch.Generator("cuda").manual_seed(21), device="cuda").bfloat16()
     out = torch.full((m + 8, n + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
     # 3 x 3 tiles on 132 SMs: K splits in 8 (whole scale chunks), partials summed per tile.
-    y = wg.wgmma_int4(x, resolve("int4", packed, stacked=False), out[:m, :n], lambda c: _tickets(x.device, c), wg.TRAIN)
+    tile = dataclasses.replace(wg.TRAIN, halves=halves)
+    y = wg.wgmma_int4(x, resolve("int4", packed, stacked=False), out[:m, :n], lambda c: _tickets(x.device, c), tile)
     wb = kernels.dequantize("int4", packed).double()
     ref_b = x.double() @ wb.T
     assert_within(y, ref_b, _bf16_weight_bound(x, wb, ref_b))
@@ -302,7 +309,8 @@ def test_training_tile_covers_many_row_tiles():
 
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-def test_grouped_training_tile_meets_each_experts_reference():
+@pytest.mark.parametrize("halves", [False, True])
+def test_grouped_training_tile_meets_each_experts_reference(halves):
     """wgmma_int4_grouped on 8 experts whose row counts are uneven: empty experts (first, middle, last), one row, a
     count just past a 256-row tile and several tiles: each expert's rows meet the bound against x_e @ W_e^T of its
     decoded bf16 weights, through device offsets alone, and every row is written."""
@@ -318,8 +326,18 @@ def test_grouped_training_tile_meets_each_experts_reference():
     offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     assert wg.supports_grouped(x, w)
     out = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    wg.wgmma_int4_grouped(x, offsets, w, out)
+    wg.wgmma_int4_grouped(x, offsets, w, out, dataclasses.replace(wg.TRAIN, halves=halves))
     wb = kernels.dequantize("int4", packed).double()  # [E, N, K]
     for i, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
         ref_b = x[lo:hi].double() @ wb[i].T
         assert_within(out[lo:hi], ref_b, _bf16_weight_bound(x[lo:hi], wb[i], ref_b))
+    # A chunk of experts in any order, by id (the host-sized chunks of the training path): groups 0..2 are experts
+    # 5, 2 and 4 with their row counts; the output equals the same experts' rows above, bit for bit.
+    chunk = torch.tensor([5, 2, 4], dtype=torch.int32, device="cuda")
+    rows = [x[offsets[e] : offsets[e + 1]] for e in chunk.tolist()]
+    chunk_offsets = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()], dtype=torch.int32,
+                                 device="cuda")
+    out_chunk = torch.full((int(chunk_offsets[-1]), n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    wg.wgmma_int4_grouped(torch.cat(rows), chunk_offsets, w, out_chunk, dataclasses.replace(wg.TRAIN, halves=halves),
+                          ids=chunk)
+    assert torch.equal(out_chunk, torch.cat([out[offsets[e] : offsets[e + 1]] for e in chunk.tolist()]))

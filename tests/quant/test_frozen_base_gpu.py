@@ -32,3 +32,44 @@ def test_moe_peak_memory_is_one_chunk_on_gpu(fmt):
     activations = 12 * t * topk * max(d, i) * 2
     assert transient <= 3 * chunk_bf16 + activations, (transient, chunk_bf16)  # dequant temporaries: see bench
     assert transient < 3 * e * d * i * 2 / 4  # far below a BF16 copy of all experts
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the grouped warpgroup-MMA kernel is Hopper's (sm_90)")
+def test_int4_expert_chunks_forward_through_the_grouped_wgmma_kernel(monkeypatch):
+    """Chunks of int4 experts (host-read sizes: the training path) run their forward through
+    kernels.grouped_prefill_linear, each chunk's experts by id, and give the chunked dequantize + grouped GEMM path's
+    outputs and input gradients up to bf16 rounding: both multiply the same bf16-decoded weights in fp32."""
+    from orbit_lightning.kernels import configs
+
+    from orbit_lightning.triton_kernels import kernels_module
+
+    k = kernels_module()
+    served = []
+    real = k.grouped_prefill_linear
+    monkeypatch.setattr(k, "grouped_prefill_linear", lambda *a, **kw: served.append(real(*a, **kw)) or served[-1])
+    e, d, i = 16, 1024, 512
+    with torch.device("meta"):
+        meta = Experts(e, d, i).to(torch.bfloat16)
+    experts = QuantExperts.from_experts(meta, "int4").to_empty(device="cuda")
+    experts.random_init(torch.Generator(device="cuda").manual_seed(1))
+    experts.chunk = 5  # chunks of 5, 5, 5 and 1 active experts: ids into the stacked weights
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(256, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ids = torch.randint(0, e, (256, 4), device="cuda", generator=gen)
+    w = torch.rand(256, 4, device="cuda", dtype=torch.bfloat16, generator=gen)
+    results = []
+    for wgmma in (True, False):
+        monkeypatch.setattr(configs, "WGMMA_INT4", wgmma)
+        xg = x.clone().requires_grad_()
+        y = experts(xg, ids, w)
+        y.float().pow(2).sum().backward()
+        results.append((y.detach().float(), xg.grad.float()))
+    assert len(served) == 3 * 4 * 2 and all(s is not None for s in served[: 3 * 4])  # 3 projections x 4 chunks
+    assert all(s is None for s in served[3 * 4 :])  # (the switch off: the dequantize path)
+    (y_wg, dx_wg), (y_dq, dx_dq) = results
+    assert (y_wg - y_dq).abs().max() <= 2.0**-7 * y_dq.abs().max()
+    assert (dx_wg - dx_dq).abs().max() <= 2.0**-6 * dx_dq.abs().max()

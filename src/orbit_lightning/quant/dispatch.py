@@ -105,12 +105,19 @@ def _grouped_kernels(x: Tensor, groups: ExpertGroups, fmt):
 
 def dequant_grouped(x: Tensor, experts, proj: str, groups: ExpertGroups) -> Tensor:
     """Rows of x grouped by expert -> x_g @ W[e_g]^T. Device groups: the fused kernel reads the packed bytes of
-    the experts with rows, on device offsets. Chunk groups: the chunk's experts are dequantized, then grouped
-    GEMM. (Device groups without the kernels dequantize every expert: correct, but unbounded memory.)"""
+    the experts with rows, on device offsets. Chunk groups: the grouped warpgroup-MMA kernel where it serves (int4
+    on Hopper, a few hundred rows per expert: `kernels.grouped_prefill_linear`), else the chunk's experts are
+    dequantized, then grouped GEMM. (Device groups without the kernels dequantize every expert: correct, but
+    unbounded memory.)"""
     k = _grouped_kernels(x, groups, experts.fmt)
     if k is not None:
         return k.grouped_dequant_linear(x, groups.offsets, experts.fmt, experts.packed(proj))
-    w = _chunk_weights(experts, proj, groups.ids, x.dtype, _cuda_kernels(x, experts.fmt))
+    cuda = _cuda_kernels(x, experts.fmt)
+    if cuda is not None and x.is_cuda:
+        y = cuda.grouped_prefill_linear(x, groups.offsets, experts.fmt, experts.packed(proj), expert_ids=groups.ids)
+        if y is not None:
+            return y
+    w = _chunk_weights(experts, proj, groups.ids, x.dtype, cuda)
     return grouped_mm(x, w, groups)
 
 
