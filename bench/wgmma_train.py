@@ -2,23 +2,25 @@
 
     python bench/wgmma_train.py [--sections dense,moe] [--m 4096 16384] [--tokens 8192 16384 32768]
 
-dense: the 12 shapes of bench/kernels.py, forward y = x W^T: bf16 cuBLAS (F.linear), one-pass dequantize + cuBLAS
-("dq": what quant/dispatch.py runs for many rows) and the fused kernel ("wg"), which reads only the packed bytes.
-moe: bench/kernels.py's MoE projections, forward over experts sorted by token: bf16 torch grouped_mm, the model's
-chunked path (dequantize the chunk's experts + grouped_mm) and wgmma_int4_grouped on device offsets. Times are
-do_bench medians in microseconds; ratios are bf16 time / path time; errors are max |y - reference| / max |reference|
-against the same product on the decoded bf16 weights.
+dense: the 12 shapes of bench/kernels.py, forward y = x W^T and dX dy W: bf16 cuBLAS ("base"), one-pass dequantize
++ cuBLAS ("dq": what quant/dispatch.py runs for many rows) and the fused kernels ("wg": wgmma_int4 at Tile TRAIN,
+wgmma_int4_dx), which read only the packed bytes. moe: bench/kernels.py's MoE projections, rows sorted by expert:
+bf16 torch grouped_mm ("base"), the chunked path as it was before these kernels (dequantize the chunk's experts +
+grouped_mm) and the grouped kernels on device offsets. Times are do_bench medians in microseconds; ratios are base
+time / path time; errors are max |y - reference| / max |reference| against the same product on the decoded bf16
+weights.
 """
 
 import argparse
-import dataclasses
 import importlib.util
 import math
 import os
 
 import torch
 import torch.nn.functional as F
+from orbit_lightning.kernels import configs
 from orbit_lightning.kernels import wgmma_int4 as wg
+from orbit_lightning.kernels import wgmma_int4_dx as wdx
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemm import _tickets
 
@@ -39,27 +41,32 @@ def _geomean(v: list[float]) -> str:
     return f"{math.exp(sum(map(math.log, v)) / len(v)):.3f} (min {min(v):.2f}, n={len(v)})"
 
 
-TILES = {"wg": wg.TRAIN, "wg-h": dataclasses.replace(wg.TRAIN, halves=not wg.TRAIN.halves)}
-
-
 def tickets(count: int) -> torch.Tensor:
     return _tickets(torch.device("cuda", torch.cuda.current_device()), count)
 
 
-def _row(ratios: dict, size: int, t: dict[str, float], base: float, errs: list[float], label: str) -> None:
-    """Print one shape's times and ratios (base time / path time), and keep the ratios for the geomeans."""
-    paths = list(t)[1:]
-    for a in paths:
-        ratios.setdefault((size, a), []).append(base / t[a])
-    print(f"{label} | " + " ".join(f"{t[a]:7.0f}" for a in t) + " | " + " ".join(f"{base / t[a]:5.2f}" for a in paths)
+def _row(ratios: dict, size: int, t: dict[str, float], errs: list[float], label: str) -> None:
+    """Print one shape's times (base, dq, wg for the forward, then for dX) and the ratios base / path of each and of
+    fwd + dX, and keep the ratios for the geomeans."""
+    r = {}
+    for p in ("dq", "wg"):
+        r[f"{p} fwd"] = t["base_fwd"] / t[f"{p}_fwd"]
+        r[f"{p} dX"] = t["base_dx"] / t[f"{p}_dx"]
+        r[f"{p} fwd+dX"] = (t["base_fwd"] + t["base_dx"]) / (t[f"{p}_fwd"] + t[f"{p}_dx"])
+    for a, v in r.items():
+        ratios.setdefault((size, a), []).append(v)
+    print(f"{label} | " + " ".join(f"{v:7.0f}" for v in t.values()) + " | "
+          + " ".join(f"{r[f'{p} {d}']:4.2f}" for d in ("fwd", "dX", "fwd+dX") for p in ("dq", "wg"))
           + " | " + " ".join(f"{e:.0e}" for e in errs), flush=True)
+
+
+HEADER = ("{} | base, dq, wg fwd; base, dq, wg dX (us) | x base: fwd dq wg, dX dq wg, fwd+dX dq wg | err fwd dX")
 
 
 def dense(ms: list[int]) -> None:
     fmt = get_format("int4")
     ratios: dict[tuple[int, str], list[float]] = {}
-    print(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6} | bf16, dq, " + ", ".join(TILES)
-          + " (us) | x bf16 | err")
+    print(HEADER.format(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6}"))
     for model, layers in bk.DENSE.items():
         for layer, n, k in layers:
             w = bk.randn(n, k, scale=0.02)
@@ -67,15 +74,15 @@ def dense(ms: list[int]) -> None:
             pw = resolve("int4", packed, stacked=False)
             wb = kernels.dequantize("int4", packed, torch.bfloat16)
             for m in ms:
-                x = bk.randn(m, k)
-                out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-                ref = F.linear(x, wb)
-                t = {"bf16": bk.us(F.linear, x, w), "dq": bk.us(bk.dq_linear, x, packed)}
-                errs = []
-                for name, tile in TILES.items():
-                    errs.append(_err(wg.wgmma_int4(x, pw, out, tickets, tile), ref))
-                    t[name] = bk.us(wg.wgmma_int4, x, pw, out, tickets, tile)
-                _row(ratios, m, t, t["bf16"], errs, f"{model:16} {layer:12} {n:6} {k:6} {m:6}")
+                x, dy = bk.randn(m, k), bk.randn(m, n)
+                out, dx = torch.empty(m, n, dtype=torch.bfloat16, device="cuda"), torch.empty_like(x)
+                errs = [_err(wg.wgmma_int4(x, pw, out, tickets, wg.TRAIN), F.linear(x, wb)),
+                        _err(wdx.wgmma_int4_dx(dy, pw, dx), dy @ wb)]
+                t = {"base_fwd": bk.us(F.linear, x, w), "dq_fwd": bk.us(bk.dq_linear, x, packed),
+                     "wg_fwd": bk.us(wg.wgmma_int4, x, pw, out, tickets, wg.TRAIN),
+                     "base_dx": bk.us(torch.matmul, dy, w), "dq_dx": bk.us(bk.dq_linear_dx, dy, packed),
+                     "wg_dx": bk.us(wdx.wgmma_int4_dx, dy, pw, dx)}
+                _row(ratios, m, t, errs, f"{model:16} {layer:12} {n:6} {k:6} {m:6}")
             del w, packed, wb
             torch.cuda.empty_cache()
     for (m, a), v in sorted(ratios.items()):
@@ -84,8 +91,7 @@ def dense(ms: list[int]) -> None:
 
 def moe(token_counts: list[int]) -> None:
     ratios: dict[tuple[int, str], list[float]] = {}
-    print(f"{'model':16} {'proj':8} {'E':>4} {'N':>5} {'K':>5} {'tokens':>6} | gmm, dq, " + ", ".join(TILES)
-          + " (us) | x grouped_mm | err")
+    print(HEADER.format(f"{'model':16} {'proj':8} {'E':>4} {'N':>5} {'K':>5} {'tokens':>6}"))
     for model, (experts, top_k, hidden, inter, _) in bk.MOE.items():
         for proj, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
             w = bk.randn(experts, n, k, scale=0.02)
@@ -93,23 +99,27 @@ def moe(token_counts: list[int]) -> None:
             qe.random_init(torch.Generator("cuda").manual_seed(0))
             packed, per_chunk = qe.packed("gate_proj"), qe.experts_per_chunk()
             pw = resolve("int4", packed, stacked=True)
-            wb = kernels.dequantize("int4", packed, torch.bfloat16)
             for tokens in token_counts:
                 rows = tokens * top_k
                 counts = torch.bincount(torch.randint(experts, (rows,), device="cuda"), minlength=experts)
                 ends = counts.cumsum(0).to(torch.int32)
                 offsets = torch.cat([ends.new_zeros(1), ends])
-                x = bk.randn(rows, k)
-                out = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
-                ref = bk.GROUPED_MM(x, wb.transpose(1, 2), offs=ends)
-                t = {"gmm": bk.us(bk.GROUPED_MM, x, w.transpose(1, 2), offs=ends),
-                     "dq": bk.us(bk.chunked, x, qe, "gate_proj", counts.tolist(), per_chunk, dx=False)}
-                errs = []
-                for name, tile in TILES.items():
-                    errs.append(_err(wg.wgmma_int4_grouped(x, offsets, pw, out, tile), ref))
-                    t[name] = bk.us(wg.wgmma_int4_grouped, x, offsets, pw, out, tile)
-                _row(ratios, tokens, t, t["gmm"], errs, f"{model:16} {proj:8} {experts:4} {n:5} {k:5} {tokens:6}")
-            del w, qe, wb
+                host = counts.tolist()
+                x, dy = bk.randn(rows, k), bk.randn(rows, n)
+                out, dx = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda"), torch.empty_like(x)
+                configs.WGMMA_INT4 = False  # the chunked path as it was: dequantize the chunk, grouped_mm
+                refs = [torch.cat(bk.chunked(a, qe, "gate_proj", host, per_chunk, dx=d)) for a, d in ((x, 0), (dy, 1))]
+                errs = [_err(wg.wgmma_int4_grouped(x, offsets, pw, out), refs[0]),
+                        _err(wdx.wgmma_int4_dx(dy, pw, dx, offsets), refs[1])]
+                t = {"base_fwd": bk.us(bk.GROUPED_MM, x, w.transpose(1, 2), offs=ends),
+                     "dq_fwd": bk.us(bk.chunked, x, qe, "gate_proj", host, per_chunk, dx=False),
+                     "wg_fwd": bk.us(wg.wgmma_int4_grouped, x, offsets, pw, out),
+                     "base_dx": bk._grouped_mm_dx_us(bk.us, dy, w, ends),
+                     "dq_dx": bk.us(bk.chunked, dy, qe, "gate_proj", host, per_chunk, dx=True),
+                     "wg_dx": bk.us(wdx.wgmma_int4_dx, dy, pw, dx, offsets)}
+                configs.WGMMA_INT4 = True
+                _row(ratios, tokens, t, errs, f"{model:16} {proj:8} {experts:4} {n:5} {k:5} {tokens:6}")
+            del w, qe
             torch.cuda.empty_cache()
     for (tokens, a), v in sorted(ratios.items()):
         print(f"-- moe {tokens} tokens {a}: geomean x grouped_mm {_geomean(v)}")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from . import configs, wgmma_int4
+from . import configs, wgmma_int4, wgmma_int4_dx
 from .configs import GemvConfig, TileConfig, capability, pick_grouped_mma
 from .emulate import INTERPRETED
 from .formats import PackedWeight, plain, resolve
@@ -93,23 +93,30 @@ def grouped_dequant_linear(x_sorted: Tensor, expert_offsets: Tensor, fmt: str | 
 
 
 def grouped_prefill_linear(x_sorted: Tensor, group_offsets: Tensor, fmt: str | QuantFormat,
-                           packed: Mapping[str, Tensor], expert_ids: Tensor | None = None, **fmt_kw) -> Tensor | None:
-    """grouped_dequant_linear for many rows per expert (prefill, training) where the grouped warpgroup-MMA kernel
-    serves (int4 g32 on bf16, Hopper, at most configs.WGMMA_GROUPED_MAX_ROWS rows per group on average, outside
-    batch-invariant mode), reading only the packed bytes; None elsewhere, for the caller's path. group_offsets: int32
-    [G + 1] on the device; expert_ids: int32 [G], the experts of the groups (a chunk of experts), or None for G = E.
-    Returns [T, N] in x_sorted.dtype."""
+                           packed: Mapping[str, Tensor], expert_ids: Tensor | None = None, dx: bool = False,
+                           **fmt_kw) -> Tensor | None:
+    """grouped_dequant_linear (or, dx=True, grouped_dequant_linear_dx: x_sorted is then dy [T, N]) for many rows per
+    expert (prefill, training) where the grouped warpgroup-MMA kernels serve (int4 g32 on bf16, Hopper, at most
+    configs.WGMMA_GROUPED_MAX_ROWS rows per group on average, outside batch-invariant mode), reading only the packed
+    bytes; None elsewhere, for the caller's path. group_offsets: int32 [G + 1] on the device; expert_ids: int32 [G],
+    the experts of the groups (a chunk of experts), or None for G = E. Returns [T, N] (dX: [T, K]) in x_sorted.dtype."""
     w = resolve(fmt, packed, stacked=True, **fmt_kw)
     groups = w.experts if expert_ids is None else expert_ids.numel()
-    if (not configs.WGMMA_INT4 or is_batch_invariant() or not wgmma_int4.supports_grouped(x_sorted, w)
-            or group_offsets.dtype != torch.int32 or x_sorted.shape[0] > configs.WGMMA_GROUPED_MAX_ROWS * groups):
+    supported = wgmma_int4_dx.supports_dx(x_sorted, w) if dx else wgmma_int4.supports_grouped(x_sorted, w)
+    if (not configs.WGMMA_INT4 or is_batch_invariant() or not supported or group_offsets.dtype != torch.int32
+            or x_sorted.shape[0] > configs.WGMMA_GROUPED_MAX_ROWS * groups):
         return None
+    if x_sorted.shape[1] != (w.n if dx else w.k):
+        raise ValueError(f"{'dy' if dx else 'x'}_sorted has {x_sorted.shape[1]} features; the experts' weights "
+                         f"[{w.n}, {w.k}] need {w.n if dx else w.k}")
     if group_offsets.numel() != groups + 1 or group_offsets.device != x_sorted.device:
         raise ValueError(f"group_offsets must be [G + 1] = [{groups + 1}] on {x_sorted.device}, got "
                          f"{tuple(group_offsets.shape)} on {group_offsets.device}")
-    out = torch.empty((x_sorted.shape[0], w.n), dtype=x_sorted.dtype, device=x_sorted.device)
+    out = torch.empty((x_sorted.shape[0], w.k if dx else w.n), dtype=x_sorted.dtype, device=x_sorted.device)
     if x_sorted.shape[0] == 0:
         return out
+    if dx:
+        return wgmma_int4_dx.wgmma_int4_dx(x_sorted, w, out, group_offsets, expert_ids)
     return wgmma_int4.wgmma_int4_grouped(x_sorted, group_offsets, w, out, ids=expert_ids)
 
 

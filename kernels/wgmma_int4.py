@@ -264,25 +264,30 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
 
     if HALVES:  # (the host launches no K split with halves)
         _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
-                     BN, BM // 2, False, num_warps)
+                     BN, BM // 2, False, False, num_warps)
         _store_block(results[1], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo + BM // 2, m_end, M, N, n_splits,
-                     stride_om, BN, BM // 2, False, num_warps)
+                     stride_om, BN, BM // 2, False, False, num_warps)
     else:
         _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
-                     BN, BM, SPLIT, num_warps)
+                     BN, BM, SPLIT, False, num_warps)
 
 
 @gluon.jit
 def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
-                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, ROW_PERM: gl.constexpr,
+                 num_warps: gl.constexpr):
     """out[m_lo + j, pid_n * BN + i] = acc[i, j] (bf16) for rows below m_end and columns below N; with SPLIT, this
-    split's fp32 partials, and the last split of the tile to arrive sums them all in split order."""
+    split's fp32 partials, and the last split of the tile to arrive sums them all in split order. ROW_PERM: acc's row
+    i holds column pid_n * BN + wgmma_int4_dx.row_column(i) (the dX kernel's row order)."""
     # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
     # are [M, N] row-major, so n is the contiguous side of the transposed tile.
     io_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[BN // 4, 128 // BN],
                                                warps_per_cta=[1, num_warps], order=[0, 1])
     acc = gl.convert_layout(acc, io_layout)
-    ns = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, io_layout))
+    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, io_layout))
+    if ROW_PERM:  # (4 consecutive rows stay 4 consecutive columns: the stores stay 8-byte vectors)
+        rows = 8 * (2 * (rows // 16) + rows % 8 // 4) + 4 * (rows // 8 % 2) + rows % 4
+    ns = pid_n * BN + rows
     ms = m_lo + gl.arange(0, BM, layout=gl.SliceLayout(0, io_layout))
     mask = gl.expand_dims(ns < N, 1) & gl.expand_dims(ms < m_end, 0)
     out_offs = gl.expand_dims(ms * stride_om, 0) + gl.expand_dims(ns, 1)

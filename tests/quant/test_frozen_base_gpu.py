@@ -58,9 +58,10 @@ def test_int4_expert_chunks_forward_through_the_grouped_wgmma_kernel(monkeypatch
     experts.random_init(torch.Generator(device="cuda").manual_seed(1))
     experts.chunk = 5  # chunks of 5, 5, 5 and 1 active experts: ids into the stacked weights
     gen = torch.Generator(device="cuda").manual_seed(2)
-    x = torch.randn(256, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    ids = torch.randint(0, e, (256, 4), device="cuda", generator=gen)
-    w = torch.rand(256, 4, device="cuda", dtype=torch.bfloat16, generator=gen)
+    # 2048 routed rows, 128 per expert: past the device groups' 64 (quant.dispatch.FUSED_MAX_ROWS), so chunks.
+    x = torch.randn(512, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ids = torch.randint(0, e, (512, 4), device="cuda", generator=gen)
+    w = torch.rand(512, 4, device="cuda", dtype=torch.bfloat16, generator=gen)
     results = []
     for wgmma in (True, False):
         monkeypatch.setattr(configs, "WGMMA_INT4", wgmma)

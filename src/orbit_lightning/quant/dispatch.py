@@ -138,8 +138,15 @@ def decode_by_kernel(x: Tensor, experts, groups: ExpertGroups, proj: str | None 
 
 
 def dequant_grouped_dx(dy: Tensor, experts, proj: str, groups: ExpertGroups) -> Tensor:
+    """dequant_grouped's dX, dy_g @ W[e_g], by the same choice of path."""
     k = _grouped_kernels(dy, groups, experts.fmt)
     if k is not None:
         return k.grouped_dequant_linear_dx(dy, groups.offsets, experts.fmt, experts.packed(proj))
-    w = _chunk_weights(experts, proj, groups.ids, dy.dtype, _cuda_kernels(dy, experts.fmt))
+    cuda = _cuda_kernels(dy, experts.fmt)
+    if cuda is not None and dy.is_cuda:
+        dx = cuda.grouped_prefill_linear(dy, groups.offsets, experts.fmt, experts.packed(proj), expert_ids=groups.ids,
+                                         dx=True)
+        if dx is not None:
+            return dx
+    w = _chunk_weights(experts, proj, groups.ids, dy.dtype, cuda)
     return grouped_mm(dy, w.transpose(1, 2), groups)

@@ -1,0 +1,244 @@
+"""dX of an int4 GEMM on Hopper's warpgroup MMA (Gluon): dx[T, K] = dy[T, N] @ W[N, K], dense or grouped over
+experts, for training and prefill sizes; the backward of wgmma_int4.py's forward, on the same packed words.
+
+Swapped like the forward: dx^T [K, T] = W^T [K, N] x dy^T, so W^T is wgmma's register A operand (rows: K, reduction:
+N) and dy is B, read from shared memory. The words run along K (8 values of one row n per word), while the operand
+wants pairs along N in one register: lane (g, q) of a warp holds rows g and g + 8 of its 16, columns 2q, 2q + 1 (and
++ 8). The output's row order is free (the epilogue stores each row where it belongs), so row g + 8h of warp w is
+column k = 8c + j + 4h of the tile, with word column c = 2w + g // 4 and j = g % 4: a lane's two rows are nibbles j
+and j + 4 of one word column, and for the pair of rows n, n + 1 of W one `prmt` gathers the two bytes holding them
+from both words, and one lop3 each (after a shift) builds (n, n + 1) at k and at k + 4, decoded like the forward
+(bf16 128 + nibble, fma by -136, fma by the pair of the two rows' scales): bit-identical weights.
+
+Per step of 64 of N the loader warp brings dy's [BM, 64], the words [64, BN / 8] and the scales [64, 8 groups] by TMA
+into one ring. Everything else (two warpgroups, halves, the grouped tile lookup, the epilogue) is the forward's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+
+from .configs import capability, max_row_tiles
+from .formats import INT4, PackedWeight
+from .wgmma_int4 import SCALE_CHUNK, TRAIN, Tile, _desc, _find_tile, _store_block, _tma_load
+
+BLOCK_R = gl.constexpr(64)  # N (the reduction) per step
+
+# For the pair of W's rows n, n + 1 at word column c: $4, $5 their words, $6 the prmt selector bytes (j // 2,
+# j // 2 + 2) of $4 then of $5, $7 the shift 4 * (j % 2) that brings nibble j to bit 0, $8 / $9 the two rows' scales.
+# Out: ($0, $1) the rows' values at k (nibble j), ($2, $3) at k + 4 (nibble j + 4), decoded as dequant.py does.
+_DX_ASM = gl.constexpr("""
+{
+.reg .b32 t, u, r0, r1, s2, one, off, nz;
+mov.b32 s2, {$8, $9};
+mov.b32 one, 0x3F803F80;
+mov.b32 off, 0xC308C308;
+mov.b32 nz, 0x80008000;
+prmt.b32 t, $4, $5, $6;
+shr.u32 t, t, $7;
+lop3.b32 r0, t, 0x000F000F, 0x43004300, 0xEA;
+shr.u32 u, t, 8;
+lop3.b32 r1, u, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 r0, r0, one, off;
+fma.rn.bf16x2 r1, r1, one, off;
+fma.rn.bf16x2 r0, r0, s2, nz;
+fma.rn.bf16x2 r1, r1, s2, nz;
+mov.b32 {$0, $1}, r0;
+mov.b32 {$2, $3}, r1;
+}
+""")
+
+
+def row_column(row: int) -> int:
+    """The tile column (of K) that accumulator row `row` holds (wgmma_int4._store_block's ROW_PERM)."""
+    return 8 * (2 * (row // 16) + row % 8 // 4) + 4 * (row // 8 % 2) + row % 4
+
+
+@gluon.constexpr_function
+def _pair_layout(BR, C, num_warps):
+    """[BR // 2, C, 4]: pair i of W's rows (n = 2i, 2i + 1), word column c, nibble j. Lanes (q, g % 4, g // 4) take i
+    bits 0-1, j, c bit 0; registers i bits 2..; warps c bits 1... (the A operand's rows 16 w + g + 8 h are columns
+    8 c + j + 4 h)."""
+    regs = [[1 << i, 0, 0] for i in range(2, (BR // 2).bit_length() - 1)]
+    lanes = [[1, 0, 0], [2, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0]]
+    warps = [[0, 2 << i, 0] for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                      shape=[BR // 2, C, 4])
+
+
+@gluon.constexpr_function
+def _group_layout(BR, C, num_warps):
+    """[BR // 2, C // 4, 4]: _pair_layout without j, its word columns c split into the group of 32 (c // 4) and the
+    word within it (c % 4)."""
+    regs = [[1 << i, 0, 0] for i in range(2, (BR // 2).bit_length() - 1)]
+    lanes = [[1, 0, 0], [2, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 1]]
+    warps = [[0, 0, 2]] + [[0, 1 << i, 0] for i in range(num_warps.bit_length() - 2)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                      shape=[BR // 2, C // 4, 4])
+
+
+@gluon.constexpr_function
+def _rows_layout(BR, C, num_warps, groups):
+    """[BR, C] of W's rows n (pairs in registers: n bit 0 first) by word column c (or, with `groups`, by the group of
+    32 of K, c // 4: lanes and warps that only change c within a group hold the same one)."""
+    regs = [[1, 0]] + [[1 << i, 0] for i in range(3, BR.bit_length() - 1)]
+    col = (lambda b: [0, (1 << b) // 4] if (1 << b) >= 4 else [0, 0]) if groups else (lambda b: [0, 1 << b])
+    lanes = [[2, 0], [4, 0], [0, 0], [0, 0], col(0)]
+    warps = [col(i + 1) for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[], shape=[BR, C])
+
+
+@gluon.jit
+def _split_pairs(t, BR: gl.constexpr, C: gl.constexpr):
+    """[BR, C] -> rows 2i and 2i + 1, each [BR // 2, C]."""
+    return gl.split(gl.permute(gl.reshape(t, [BR // 2, 2, C]), (0, 2, 1)))
+
+
+@gluon.jit
+def _over_group(scales, zero, l3s: gl.constexpr, BR: gl.constexpr, C: gl.constexpr):
+    """[BR // 2, C // 4] scales of the pairs' groups -> [BR // 2, C], each over its group's 4 word columns (a
+    broadcast: it moves nothing)."""
+    scales = gl.expand_dims(gl.convert_layout(scales, gl.SliceLayout(2, l3s), assert_trivial=True), 2)
+    return gl.reshape(gl.broadcast(scales, zero)[0], [BR // 2, C])
+
+
+@gluon.jit
+def _dx_load_partition(dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0, n_steps,
+                       GROUP: gl.constexpr, STAGES: gl.constexpr):
+    for i in range(n_steps):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + w_desc.block_type.nbytes
+                        + s_desc.block_type.nbytes)
+        _tma_load(dy_desc, [m_lo, i * BLOCK_R], ready.index(slot), dy_smem.index(slot))
+        _tma_load(w_desc, [w_row + i * BLOCK_R, k0 // 8], ready.index(slot), w_smem.index(slot))
+        _tma_load(s_desc, [w_row + i * BLOCK_R, k0 // GROUP], ready.index(slot), s_smem.index(slot))
+
+
+@gluon.jit
+def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, BN: gl.constexpr, BM: gl.constexpr,
+                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Decode each step's words into W^T's register operand (rows: BN columns of K in row_column order) and multiply
+    by dy^T, in two halves of BM // 2 activation rows (the second only when the tile has more)."""
+    BR: gl.constexpr = BLOCK_R
+    C: gl.constexpr = BN // 8  # word columns
+    HM: gl.constexpr = BM // 2
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, HM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    l3: gl.constexpr = _pair_layout(BR, C, num_warps)
+    words_in: gl.constexpr = gl.SliceLayout(2, l3)
+
+    j = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, l3)))
+    jb = j // 2
+    sel = gl.expand_dims(gl.expand_dims(jb | (jb + 2) << 4 | (jb + 4) << 8 | (jb + 6) << 12, 0), 0)  # [1, 1, 4]
+    shift = gl.expand_dims(gl.expand_dims(4 * (j % 2), 0), 0)
+    l3s: gl.constexpr = _group_layout(BR, C, num_warps)
+    zero_s = gl.full([BR // 2, C // 4, 4], 0.0, gl.bfloat16, l3s)
+
+    acc = gl.zeros([BN, HM], gl.float32, acc_layout)
+    acc_hi = gl.zeros([BN, HM], gl.float32, acc_layout)
+    two = rows > HM
+    for i in range(n_steps):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        wa, wb = _split_pairs(w_smem.index(slot).load(_rows_layout(BR, C, num_warps, False)), BR, C)
+        scales = s_smem.index(slot).slice(0, C // 4, dim=1).load(_rows_layout(BR, C // 4, num_warps, True))
+        sa, sb = _split_pairs(scales, BR, C // 4)
+        sa = _over_group(sa, zero_s, l3s, BR, C)
+        sb = _over_group(sb, zero_s, l3s, BR, C)
+        args = [gl.expand_dims(gl.convert_layout(t, words_in, assert_trivial=True), 2) for t in (wa, wb)]
+        args += [sel, shift]
+        args += [gl.expand_dims(gl.convert_layout(t, words_in, assert_trivial=True), 2) for t in (sa, sb)]
+        v00, v01, v10, v11 = gl.inline_asm_elementwise(_DX_ASM, "=h,=h,=h,=h,r,r,r,r,h,h", args,
+                                                       dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+        # [i, c, j, e, h] -> rows (c // 2, h, c % 2, j), columns (i, e): the A operand, moved nowhere.
+        v = gl.join(gl.join(v00, v01), gl.join(v10, v11))
+        v = gl.permute(gl.reshape(v, [BR // 2, C // 2, 2, 4, 2, 2]), (1, 5, 2, 3, 0, 4))
+        a = gl.convert_layout(gl.reshape(v, [BN, BR]), a_layout, assert_trivial=True)
+        # Synchronous, as the forward (wgmma_int4._mma_partition says why).
+        acc = warpgroup_mma(a, dy_smem.index(slot).slice(0, HM, dim=0).permute((1, 0)), acc)
+        if two:
+            acc_hi = warpgroup_mma(a, dy_smem.index(slot).slice(HM, HM, dim=0).permute((1, 0)), acc_hi)
+        fence_async_shared()  # (the words and scales were read by ordinary loads; the slot's next fill is by TMA)
+        mbarrier.arrive(empty.index(slot))
+    return acc, acc_hi
+
+
+@gluon.jit(do_not_specialize=["M", "num_experts"])
+def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr, M, N, K, num_experts, stride_om,
+                          GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                          GROUPED: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr,
+                          num_warps: gl.constexpr):
+    pid_k = gl.program_id(0)
+    k0 = pid_k * BN
+    n_steps = gl.cdiv(N, BLOCK_R)
+    if GROUPED:  # (as the forward's: row tile t of the groups' tiles; its expert's rows of the stacked words)
+        group, m_lo, m_end = _find_tile(offsets_ptr, gl.program_id(2), num_experts, BM, E_POW2, num_warps)
+        expert = group
+        if HAS_IDS:
+            expert = gl.load(ids_ptr + gl.minimum(group, num_experts - 1))
+        w_row = expert * N
+        n_steps = gl.where(group < num_experts, n_steps, 0)
+    else:
+        m_lo = gl.program_id(2) * BM
+        m_end = M
+        w_row = 0
+
+    dy_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BLOCK_R], dy_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_R, BN // 8], w_desc.layout)
+    s_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_R, SCALE_CHUNK], s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    results = gl.warp_specialize([
+        (_dx_mma_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, BN, BM, STAGES,
+                             num_warps)),
+        (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
+                              n_steps, GROUP, STAGES)),
+    ], [1], [24])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+    _store_block(results[0], out_ptr, out_ptr, out_ptr, pid_k, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2, False,
+                 True, num_warps)
+    _store_block(results[1], out_ptr, out_ptr, out_ptr, pid_k, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om, BN,
+                 BM // 2, False, True, num_warps)
+
+
+def supports_dx(dy: Tensor, w: PackedWeight) -> bool:
+    """Whether wgmma_int4_dx runs dy @ W: int4 of group 32, words and scales contiguous (stacked experts view 2-D),
+    bf16 dy with TMA's 16-byte rows and base, K in whole 8-group scale boxes, on an sm_90 GPU."""
+    return (dy.is_cuda and dy.dtype == torch.bfloat16 and dy.dim() == 2 and w.fmt.code == INT4 and w.group == 32
+            and w.k % (SCALE_CHUNK.value * w.group) == 0 and dy.stride(1) == 1 and dy.stride(0) % 8 == 0
+            and dy.data_ptr() % 16 == 0 and w.values.is_contiguous() and w.values.data_ptr() % 16 == 0
+            and w.scale.dtype == torch.bfloat16 and w.scale.is_contiguous() and w.scale.data_ptr() % 16 == 0
+            and capability(dy.device) == (9, 0))
+
+
+def wgmma_int4_dx(dy: Tensor, w: PackedWeight, out: Tensor, offsets: Tensor | None = None,
+                  ids: Tensor | None = None, tile: Tile = TRAIN) -> Tensor:
+    """out[T, K] = dy[T, N] @ W where `supports_dx(dy, w)`: one matrix, or (offsets int32 [G + 1] on the device) per
+    group g of rows sorted by group, with expert g (G = E) or ids[g]'s weights (wgmma_int4_grouped's convention)."""
+    t = dy.shape[0]
+    bn = 16 * tile.warps
+    experts = w.experts or 1
+    groups = 0 if offsets is None else (experts if ids is None else ids.numel())
+    if t * w.k >= 2**31:
+        raise ValueError(f"wgmma_int4_dx: [{t}, {w.k}] outputs overflow the kernel's int32 offsets")
+    row_tiles = triton.cdiv(t, tile.bm) if offsets is None else max_row_tiles(t, tile.bm, groups)
+    values, scale = w.values.view(experts * w.n, -1), w.scale.view(experts * w.n, -1)
+    _wgmma_int4_dx_kernel[(triton.cdiv(w.k, bn), 1, row_tiles)](
+        _desc(dy, [tile.bm, BLOCK_R.value], "bf16"), _desc(values, [BLOCK_R.value, bn // 8], "int32"),
+        _desc(scale, [BLOCK_R.value, SCALE_CHUNK.value], "bf16"), out, out if offsets is None else offsets,
+        out if ids is None else ids, t, w.n, w.k, groups, out.stride(0), GROUP=w.group, BN=bn, BM=tile.bm,
+        STAGES=tile.stages, GROUPED=offsets is not None, HAS_IDS=ids is not None,
+        E_POW2=triton.next_power_of_2(max(groups, 1)), num_warps=tile.warps, maxnreg=tile.regs)
+    return out
