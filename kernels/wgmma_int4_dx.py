@@ -117,14 +117,17 @@ def _dx_load_partition(dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, 
                         + s_desc.block_type.nbytes)
         _tma_load(dy_desc, [m_lo, i * BLOCK_R], ready.index(slot), dy_smem.index(slot))
         _tma_load(w_desc, [w_row + i * BLOCK_R, k0 // 8], ready.index(slot), w_smem.index(slot))
-        _tma_load(s_desc, [w_row + i * BLOCK_R, k0 // GROUP], ready.index(slot), s_smem.index(slot))
+        # (TMA boxes start on 16 bytes: the scales' box starts at the tile's groups rounded down to 8)
+        _tma_load(s_desc, [w_row + i * BLOCK_R, k0 // GROUP // SCALE_CHUNK * SCALE_CHUNK], ready.index(slot),
+                  s_smem.index(slot))
 
 
 @gluon.jit
-def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, BN: gl.constexpr, BM: gl.constexpr,
-                      STAGES: gl.constexpr, num_warps: gl.constexpr):
+def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_upper, BN: gl.constexpr,
+                      BM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     """Decode each step's words into W^T's register operand (rows: BN columns of K in row_column order) and multiply
-    by dy^T, in two halves of BM // 2 activation rows (the second only when the tile has more)."""
+    by dy^T, in two halves of BM // 2 activation rows (the second only when the tile has more). s_upper: the tile's
+    groups are the upper half of the scale box (its columns C // 4 ..)."""
     BR: gl.constexpr = BLOCK_R
     C: gl.constexpr = BN // 8  # word columns
     HM: gl.constexpr = BM // 2
@@ -148,7 +151,10 @@ def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, BN: 
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         wa, wb = _split_pairs(w_smem.index(slot).load(_rows_layout(BR, C, num_warps, False)), BR, C)
-        scales = s_smem.index(slot).slice(0, C // 4, dim=1).load(_rows_layout(BR, C // 4, num_warps, True))
+        if s_upper:
+            scales = s_smem.index(slot).slice(C // 4, C // 4, dim=1).load(_rows_layout(BR, C // 4, num_warps, True))
+        else:
+            scales = s_smem.index(slot).slice(0, C // 4, dim=1).load(_rows_layout(BR, C // 4, num_warps, True))
         sa, sb = _split_pairs(scales, BR, C // 4)
         sa = _over_group(sa, zero_s, l3s, BR, C)
         sb = _over_group(sb, zero_s, l3s, BR, C)
@@ -199,8 +205,8 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     results = gl.warp_specialize([
-        (_dx_mma_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, BN, BM, STAGES,
-                             num_warps)),
+        (_dx_mma_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo,
+                             k0 // GROUP % SCALE_CHUNK != 0, BN, BM, STAGES, num_warps)),
         (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
                               n_steps, GROUP, STAGES)),
     ], [1], [24])
