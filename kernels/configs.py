@@ -277,6 +277,10 @@ WGMMA_INT4 = True
 # for dequantize + grouped_mm; 1024 / 512: 0.86 / 0.85; 2048 / 1024: 0.86 / 0.90. Below 64 rows per expert the
 # device-group kernels take the batch without a host read (quant.dispatch.FUSED_MAX_ROWS).
 WGMMA_GROUPED_MAX_ROWS = 768
+# Their dX (wgmma_int4_dx) wins over dequantize + grouped_mm only further down (same bench, dX alone): 256 rows per
+# expert 0.82 / 0.82 against 0.65 / 0.63 (DeepSeek-V3 at 8k tokens), 512 three shapes of six (Qwen3-30B-A3B at 8k:
+# 0.67 / 0.72 against 0.79 / 0.78), 1024 none.
+WGMMA_GROUPED_DX_MAX_ROWS = 384
 
 
 def _index(device: torch.device) -> int:

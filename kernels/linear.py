@@ -97,14 +97,16 @@ def grouped_prefill_linear(x_sorted: Tensor, group_offsets: Tensor, fmt: str | Q
                            **fmt_kw) -> Tensor | None:
     """grouped_dequant_linear (or, dx=True, grouped_dequant_linear_dx: x_sorted is then dy [T, N]) for many rows per
     expert (prefill, training) where the grouped warpgroup-MMA kernels serve (int4 g32 on bf16, Hopper, at most
-    configs.WGMMA_GROUPED_MAX_ROWS rows per group on average, outside batch-invariant mode), reading only the packed
+    configs.WGMMA_GROUPED_MAX_ROWS rows per group on average, WGMMA_GROUPED_DX_MAX_ROWS for dX, where they measured
+    faster than dequantizing for torch's grouped GEMM; outside batch-invariant mode), reading only the packed
     bytes; None elsewhere, for the caller's path. group_offsets: int32 [G + 1] on the device; expert_ids: int32 [G],
     the experts of the groups (a chunk of experts), or None for G = E. Returns [T, N] (dX: [T, K]) in x_sorted.dtype."""
     w = resolve(fmt, packed, stacked=True, **fmt_kw)
     groups = w.experts if expert_ids is None else expert_ids.numel()
     supported = wgmma_int4_dx.supports_dx(x_sorted, w) if dx else wgmma_int4.supports_grouped(x_sorted, w)
+    max_rows = configs.WGMMA_GROUPED_DX_MAX_ROWS if dx else configs.WGMMA_GROUPED_MAX_ROWS
     if (not configs.WGMMA_INT4 or is_batch_invariant() or not supported or group_offsets.dtype != torch.int32
-            or x_sorted.shape[0] > configs.WGMMA_GROUPED_MAX_ROWS * groups):
+            or x_sorted.shape[0] > max_rows * groups):
         return None
     if x_sorted.shape[1] != (w.n if dx else w.k):
         raise ValueError(f"{'dy' if dx else 'x'}_sorted has {x_sorted.shape[1]} features; the experts' weights "

@@ -39,8 +39,8 @@ def _hopper() -> bool:
 
 
 @pytest.mark.skipif(not _hopper(), reason="the grouped warpgroup-MMA kernel is Hopper's (sm_90)")
-def test_int4_expert_chunks_forward_through_the_grouped_wgmma_kernel(monkeypatch):
-    """Chunks of int4 experts (host-read sizes: the training path) run their forward through
+def test_int4_expert_chunks_run_through_the_grouped_wgmma_kernels(monkeypatch):
+    """Chunks of int4 experts (host-read sizes: the training path) run their forward and dX through
     kernels.grouped_prefill_linear, each chunk's experts by id, and give the chunked dequantize + grouped GEMM path's
     outputs and input gradients up to bf16 rounding: both multiply the same bf16-decoded weights in fp32."""
     from orbit_lightning.kernels import configs
@@ -50,7 +50,8 @@ def test_int4_expert_chunks_forward_through_the_grouped_wgmma_kernel(monkeypatch
     k = kernels_module()
     served = []
     real = k.grouped_prefill_linear
-    monkeypatch.setattr(k, "grouped_prefill_linear", lambda *a, **kw: served.append(real(*a, **kw)) or served[-1])
+    monkeypatch.setattr(k, "grouped_prefill_linear",
+                        lambda *a, dx=False, **kw: served.append((dx, real(*a, dx=dx, **kw))) or served[-1][1])
     e, d, i = 16, 1024, 512
     with torch.device("meta"):
         meta = Experts(e, d, i).to(torch.bfloat16)
@@ -69,8 +70,9 @@ def test_int4_expert_chunks_forward_through_the_grouped_wgmma_kernel(monkeypatch
         y = experts(xg, ids, w)
         y.float().pow(2).sum().backward()
         results.append((y.detach().float(), xg.grad.float()))
-    assert len(served) == 3 * 4 * 2 and all(s is not None for s in served[: 3 * 4])  # 3 projections x 4 chunks
-    assert all(s is None for s in served[3 * 4 :])  # (the switch off: the dequantize path)
+    # Per run, 3 projections x 4 chunks forward, then as many dX (128 rows per expert: within both kernels' bounds).
+    assert [dx for dx, _ in served] == ([False] * 12 + [True] * 12) * 2
+    assert all(y is not None for _, y in served[:24]) and all(y is None for _, y in served[24:])  # (then switched off)
     (y_wg, dx_wg), (y_dq, dx_dq) = results
     assert (y_wg - y_dq).abs().max() <= 2.0**-7 * y_dq.abs().max()
     assert (dx_wg - dx_dq).abs().max() <= 2.0**-6 * dx_dq.abs().max()
