@@ -23,7 +23,12 @@ SWITCHES = {
     "--unfused-swiglu": ("orbit_lightning.kernels.configs", "GROUPED_MMA_SWIGLU", False,
                          "MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)"),
     "--no-wgmma": ("orbit_lightning.kernels.configs", "WGMMA_INT4", False,
-                   "dense int4 at 9-64 rows through the decode GEMV / tile kernel instead of kernels/wgmma_int4.py"),
+                   "every warpgroup-MMA kernel off: dense int4 at 9-64 rows through the decode GEMV / tile kernel, MoE "
+                   "prefill and dX through dequantize + grouped GEMM"),
+    "--no-wgmma-grouped": ("orbit_lightning.kernels.configs", "WGMMA_GROUPED_MAX_ROWS", 0,
+                           "MoE prefill/training forward: dequantize + torch's grouped GEMM, not wgmma_int4_grouped"),
+    "--no-wgmma-dx": ("orbit_lightning.kernels.configs", "WGMMA_GROUPED_DX_MAX_ROWS", 0,
+                      "MoE training dX: dequantize + torch's grouped GEMM, not kernels/wgmma_int4_dx.py"),
     "--fuse-16": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 16,
                   "q/k/v and gate/up as one stacked matmul only up to 16 rows (the GEMV's), not 64"),
 }  # fmt: skip
