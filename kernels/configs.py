@@ -272,15 +272,16 @@ FAST_INT4 = True
 WGMMA_INT4 = True
 # MoE prefill and training, int4 g32 on bf16 on Hopper: chunks of experts (their sizes read on the host) averaging at
 # most this many rows per expert run the grouped warpgroup-MMA kernel (wgmma_int4_grouped, which reads only the packed
-# bytes) instead of dequantizing the chunk to bf16 for torch's grouped GEMM. bench/wgmma_train.py (H200, 6 MoE
-# projections, forward, x grouped_mm): 512 rows per expert (or 256 for DeepSeek-V3's 256 experts) 0.87 against 0.74
-# for dequantize + grouped_mm; 1024 / 512: 0.86 / 0.85; 2048 / 1024: 0.86 / 0.90. Below 64 rows per expert the
-# device-group kernels take the batch without a host read (quant.dispatch.FUSED_MAX_ROWS).
-WGMMA_GROUPED_MAX_ROWS = 768
-# Their dX (wgmma_int4_dx) wins over dequantize + grouped_mm only further down (same bench, dX alone): 256 rows per
-# expert 0.82 / 0.82 against 0.65 / 0.63 (DeepSeek-V3 at 8k tokens), 512 three shapes of six (Qwen3-30B-A3B at 8k:
-# 0.67 / 0.72 against 0.79 / 0.78), 1024 none.
-WGMMA_GROUPED_DX_MAX_ROWS = 384
+# bytes) instead of dequantizing the chunk to bf16 for torch's grouped GEMM. H200, 6 MoE projections (bench/RESULTS.md,
+# fifteenth session), forward x grouped_mm with two independent MMA warpgroups (Tile.parts = 2): 0.94 / 0.95 / 0.92 at
+# 8k / 16k / 32k tokens (256-2048 rows per expert) against 0.73 / 0.85 / 0.90 for dequantize + grouped_mm; per shape
+# within 0.04 of it where it trails. Below 64 rows per expert the device-group kernels take the batch without a host
+# read (quant.dispatch.FUSED_MAX_ROWS).
+WGMMA_GROUPED_MAX_ROWS = 2048
+# Their dX (wgmma_int4_dx) wins over dequantize + grouped_mm only further down: at 256-512 rows per expert (8k tokens)
+# 0.70-0.92 against 0.63-0.79 (five shapes of six; Qwen3-30B-A3B gate_up 0.70 against 0.79), at 512-1024 (16k) about
+# even, at 1024-2048 (32k) 0.83 against 0.89.
+WGMMA_GROUPED_DX_MAX_ROWS = 512
 
 
 def _index(device: torch.device) -> int:

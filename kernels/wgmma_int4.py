@@ -125,12 +125,12 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
 
 
 @gluon.jit
-def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows,
+def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows, ROW0: gl.constexpr,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                    CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr):
-    """The kernel's warps: decode each step's words into wgmma's register operand and multiply. HALVES: the BM
-    activation rows as two halves with their own accumulators, the second multiplied only when the tile has more than
-    BM / 2 `rows` (an expert's last tile often holds a few)."""
+    """MMA warps: decode each step's words (the BN weight rows from ROW0 of the slot's tile) into wgmma's register
+    operand and multiply. HALVES: the BM activation rows as two halves with their own accumulators, the second
+    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few)."""
     HM: gl.constexpr = BM // 2 if HALVES else BM
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, HM, 16])
@@ -156,10 +156,10 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
         for j in gl.static_range(CS):
             i = c * CS + j
             slot = i % STAGES
-            scales = s_smem.index(sslot).slice(j * GPS, GPS, dim=1).load(s_layout)
+            scales = s_smem.index(sslot).slice(ROW0, BN, dim=0).slice(j * GPS, GPS, dim=1).load(s_layout)
             scales = _word_scales(scales, BN, BK, GPS, WPG, l3s, words_layout)
             mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            words = gl.expand_dims(w_smem.index(slot).load(words_layout), 2)
+            words = gl.expand_dims(w_smem.index(slot).slice(ROW0, BN, dim=0).load(words_layout), 2)
             lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
                                                dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
             lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
@@ -182,6 +182,21 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
     if not HALVES:
         acc_hi = acc  # (one result or two, the same tuple type)
     return acc, acc_hi
+
+
+@gluon.jit
+def _mma_store_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, out_ptr, n_lo, m_lo, m_end,
+                         M, N, stride_om, ROW0: gl.constexpr, GROUP: gl.constexpr, BN: gl.constexpr,
+                         BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, CS: gl.constexpr,
+                         SSTAGES: gl.constexpr, num_warps: gl.constexpr):
+    """One of the independent warpgroups (Tile.parts): its BN weight rows from ROW0 of the tile, in halves, stored by
+    its own warps (a worker partition returns nothing)."""
+    acc, acc_hi = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, ROW0,
+                                 GROUP, BN, BM, BK, STAGES, CS, SSTAGES, True, num_warps)
+    _store_block(acc, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo, m_end, M, N, 1, stride_om, BN, BM // 2, False,
+                 False, num_warps)
+    _store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo + BM // 2, m_end, M, N, 1, stride_om, BN,
+                 BM // 2, False, False, num_warps)
 
 
 @gluon.jit
@@ -213,8 +228,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        k_per_split, n_splits, num_experts, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
-                       HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
+                       WORKER_REGS: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
@@ -245,16 +260,29 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
     s_empty = gl.allocate_shared_memory(gl.int64, [SSTAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=PARTS)  # (each MMA partition releases the slot)
     for s in gl.static_range(SSTAGES):
         mbarrier.init(s_ready.index(s), count=1)
-        mbarrier.init(s_empty.index(s), count=1)
-    results = gl.warp_specialize([
-        (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo,
-                          GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps)),
-        (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
-                           m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
-    ], [1], [24])
+        mbarrier.init(s_empty.index(s), count=PARTS)
+    if PARTS == 2:  # (the host launches halves, no split, num_warps = one warpgroup)
+        PN: gl.constexpr = BN // 2
+        gl.warp_specialize([
+            (_mma_store_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, out_ptr,
+                                    pid_n * BN, m_lo, m_end, M, N, stride_om, 0, GROUP, PN, BM, BK, STAGES, CS,
+                                    SSTAGES, num_warps)),
+            (_mma_store_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, out_ptr,
+                                    pid_n * BN, m_lo, m_end, M, N, stride_om, PN, GROUP, PN, BM, BK, STAGES, CS,
+                                    SSTAGES, num_warps)),
+            (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
+                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
+        ], [num_warps, 1], [WORKER_REGS, 24])
+    else:
+        results = gl.warp_specialize([
+            (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
+                              GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps)),
+            (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
+                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
+        ], [1], [24])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
@@ -262,23 +290,24 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         mbarrier.invalidate(s_ready.index(s))
         mbarrier.invalidate(s_empty.index(s))
 
-    if HALVES:  # (the host launches no K split with halves)
-        _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
-                     BN, BM // 2, False, False, num_warps)
-        _store_block(results[1], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo + BM // 2, m_end, M, N, n_splits,
-                     stride_om, BN, BM // 2, False, False, num_warps)
-    else:
-        _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
-                     BN, BM, SPLIT, False, num_warps)
+    if PARTS == 1:
+        if HALVES:  # (the host launches no K split with halves)
+            _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
+                         stride_om, BN, BM // 2, False, False, num_warps)
+            _store_block(results[1], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo + BM // 2, m_end, M, N,
+                         n_splits, stride_om, BN, BM // 2, False, False, num_warps)
+        else:
+            _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
+                         stride_om, BN, BM, SPLIT, False, num_warps)
 
 
 @gluon.jit
-def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N, n_splits, stride_om,
+def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, n_lo, split, m_lo, m_end, M, N, n_splits, stride_om,
                  BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, ROW_PERM: gl.constexpr,
                  num_warps: gl.constexpr):
-    """out[m_lo + j, pid_n * BN + i] = acc[i, j] (bf16) for rows below m_end and columns below N; with SPLIT, this
-    split's fp32 partials, and the last split of the tile to arrive sums them all in split order. ROW_PERM: acc's row
-    i holds column pid_n * BN + wgmma_int4_dx.row_column(i) (the dX kernel's row order)."""
+    """out[m_lo + j, n_lo + i] = acc[i, j] (bf16) for rows below m_end and columns below N; with SPLIT, this split's
+    fp32 partials, and the last split of tile pid_n to arrive sums them all in split order. ROW_PERM: acc's row i
+    holds column n_lo + wgmma_int4_dx.row_column(i) (the dX kernel's row order)."""
     # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
     # are [M, N] row-major, so n is the contiguous side of the transposed tile.
     io_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[BN // 4, 128 // BN],
@@ -287,7 +316,7 @@ def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, split, m_lo, m_end, M, N,
     rows = gl.arange(0, BN, layout=gl.SliceLayout(1, io_layout))
     if ROW_PERM:  # (4 consecutive rows stay 4 consecutive columns: the stores stay 8-byte vectors)
         rows = 8 * (2 * (rows // 16) + rows % 8 // 4) + 4 * (rows // 8 % 2) + rows % 4
-    ns = pid_n * BN + rows
+    ns = n_lo + rows
     ms = m_lo + gl.arange(0, BM, layout=gl.SliceLayout(0, io_layout))
     mask = gl.expand_dims(ns < N, 1) & gl.expand_dims(ms < m_end, 0)
     out_offs = gl.expand_dims(ms * stride_om, 0) + gl.expand_dims(ns, 1)
@@ -363,6 +392,15 @@ class Tile:
     stages: int = STAGES
     regs: int = 0
     halves: bool = False  # two accumulators of bm / 2 activation rows, the second skipped on tiles of fewer rows
+    # The MMA warps as `parts` partitions (warpgroups) of their own, each with its share of the weight rows and its
+    # own arrivals on the ring's barriers: one partition steps in lockstep (a barrier over all its warps each step),
+    # parts drift apart, so one's decode overlaps another's synchronous wgmma. parts = 2 needs 8 warps and halves.
+    parts: int = 1
+
+    def __post_init__(self):
+        if self.parts not in (1, 2) or (self.parts == 2 and (self.warps != 8 or not self.halves)):
+            raise ValueError(f"Tile.parts={self.parts}: 1, or 2 with 8 warps and halves (got warps={self.warps}, "
+                             f"halves={self.halves})")
 
 
 DECODE = Tile()
@@ -370,7 +408,10 @@ DECODE = Tile()
 # bf16 cuBLAS, against 0.70 / 0.73 for one warpgroup of 256 rows): two warpgroups of 64 weight rows on 256 activation
 # rows share each step's activations, and while one waits on its synchronous wgmma the other decodes. 168 registers:
 # the 8 MMA warps and the loader round up to 12 warps, 384 threads on the SM's 64k registers.
-TRAIN = Tile(warps=8, bm=256, bk=64, stages=3, regs=168, halves=True)
+TRAIN = Tile(warps=8, bm=256, bk=64, stages=3, regs=168, halves=True, parts=2)
+# With parts = 2 the MMA warpgroups and the loader's (padded) warpgroup share 384 threads x 168 registers; setmaxnreg
+# gives each MMA partition 240 and the loader 24 (at 168 each, ptxas spilled inside the loop).
+PART_REGS = 240
 
 
 def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, cnt: Tensor, offsets: Tensor,
@@ -385,8 +426,8 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids, m, n, k,
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
-        E_POW2=triton.next_power_of_2(max(experts, 1)), num_warps=tile.warps,
-        maxnreg=tile.regs or max_registers(bm, group))
+        E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
+        num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
 def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor], tile: Tile = DECODE

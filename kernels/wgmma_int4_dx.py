@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .configs import capability, max_row_tiles
 from .formats import INT4, PackedWeight
-from .wgmma_int4 import SCALE_CHUNK, TRAIN, Tile, _desc, _find_tile, _store_block, _tma_load
+from .wgmma_int4 import PART_REGS, SCALE_CHUNK, TRAIN, Tile, _desc, _find_tile, _store_block, _tma_load
 
 BLOCK_R = gl.constexpr(64)  # N (the reduction) per step
 
@@ -109,25 +109,30 @@ def _over_group(scales, zero, l3s: gl.constexpr, BR: gl.constexpr, C: gl.constex
 
 @gluon.jit
 def _dx_load_partition(dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0, n_steps,
-                       GROUP: gl.constexpr, STAGES: gl.constexpr):
+                       GROUP: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr):
+    """One warp: each step's dy, words (a box per MMA partition: each takes its own columns of K) and scales."""
+    PC: gl.constexpr = w_desc.block_type.shape[1]  # word columns per partition
     for i in range(n_steps):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + w_desc.block_type.nbytes
+        mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + PARTS * w_desc.block_type.nbytes
                         + s_desc.block_type.nbytes)
         _tma_load(dy_desc, [m_lo, i * BLOCK_R], ready.index(slot), dy_smem.index(slot))
-        _tma_load(w_desc, [w_row + i * BLOCK_R, k0 // 8], ready.index(slot), w_smem.index(slot))
+        for p in gl.static_range(PARTS):
+            _tma_load(w_desc, [w_row + i * BLOCK_R, k0 // 8 + p * PC], ready.index(slot),
+                      w_smem.index(slot * PARTS + p))
         # (TMA boxes start on 16 bytes: the scales' box starts at the tile's groups rounded down to 8)
         _tma_load(s_desc, [w_row + i * BLOCK_R, k0 // GROUP // SCALE_CHUNK * SCALE_CHUNK], ready.index(slot),
                   s_smem.index(slot))
 
 
 @gluon.jit
-def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_upper, BN: gl.constexpr,
-                      BM: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """Decode each step's words into W^T's register operand (rows: BN columns of K in row_column order) and multiply
-    by dy^T, in two halves of BM // 2 activation rows (the second only when the tile has more). s_upper: the tile's
-    groups are the upper half of the scale box (its columns C // 4 ..)."""
+def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_upper, PART: gl.constexpr,
+                      PARTS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
+                      num_warps: gl.constexpr):
+    """Decode each step's words into W^T's register operand (rows: BN columns of K in row_column order; partition
+    PART of PARTS takes the PART-th BN of the tile's) and multiply by dy^T, in two halves of BM // 2 activation rows
+    (the second only when the tile has more). s_upper: the tile's groups are the upper half of the scale box."""
     BR: gl.constexpr = BLOCK_R
     C: gl.constexpr = BN // 8  # word columns
     HM: gl.constexpr = BM // 2
@@ -143,6 +148,7 @@ def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_up
     shift = gl.expand_dims(gl.expand_dims(4 * (j % 2), 0), 0)
     l3s: gl.constexpr = _group_layout(BR, C, num_warps)
     zero_s = gl.full([BR // 2, C // 4, 4], 0.0, gl.bfloat16, l3s)
+    S_LO: gl.constexpr = PART * C // 4  # this partition's first scale group within the tile's
 
     acc = gl.zeros([BN, HM], gl.float32, acc_layout)
     acc_hi = gl.zeros([BN, HM], gl.float32, acc_layout)
@@ -150,11 +156,12 @@ def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_up
     for i in range(n_steps):
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        wa, wb = _split_pairs(w_smem.index(slot).load(_rows_layout(BR, C, num_warps, False)), BR, C)
+        wa, wb = _split_pairs(w_smem.index(slot * PARTS + PART).load(_rows_layout(BR, C, num_warps, False)), BR, C)
+        s_layout: gl.constexpr = _rows_layout(BR, C // 4, num_warps, True)
         if s_upper:
-            scales = s_smem.index(slot).slice(C // 4, C // 4, dim=1).load(_rows_layout(BR, C // 4, num_warps, True))
+            scales = s_smem.index(slot).slice(PARTS * C // 4 + S_LO, C // 4, dim=1).load(s_layout)
         else:
-            scales = s_smem.index(slot).slice(0, C // 4, dim=1).load(_rows_layout(BR, C // 4, num_warps, True))
+            scales = s_smem.index(slot).slice(S_LO, C // 4, dim=1).load(s_layout)
         sa, sb = _split_pairs(scales, BR, C // 4)
         sa = _over_group(sa, zero_s, l3s, BR, C)
         sb = _over_group(sb, zero_s, l3s, BR, C)
@@ -176,11 +183,24 @@ def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_up
     return acc, acc_hi
 
 
+@gluon.jit
+def _dx_mma_store_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, s_upper, out_ptr, k0, m_lo, m_end, M, K,
+                            stride_om, PART: gl.constexpr, PARTS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
+                            STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """One of the independent warpgroups (Tile.parts): its BN columns of K, stored by its own warps."""
+    acc, acc_hi = _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, s_upper, PART,
+                                    PARTS, BN, BM, STAGES, num_warps)
+    _store_block(acc, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
+                 False, True, num_warps)
+    _store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
+                 BN, BM // 2, False, True, num_warps)
+
+
 @gluon.jit(do_not_specialize=["M", "num_experts"])
 def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr, M, N, K, num_experts, stride_om,
                           GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                          GROUPED: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr,
-                          num_warps: gl.constexpr):
+                          GROUPED: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
+                          WORKER_REGS: gl.constexpr, num_warps: gl.constexpr):
     pid_k = gl.program_id(0)
     k0 = pid_k * BN
     n_steps = gl.cdiv(N, BLOCK_R)
@@ -197,26 +217,39 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
         w_row = 0
 
     dy_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BLOCK_R], dy_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_R, BN // 8], w_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES * PARTS, BLOCK_R, BN // 8 // PARTS], w_desc.layout)
     s_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_R, SCALE_CHUNK], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    results = gl.warp_specialize([
-        (_dx_mma_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo,
-                             k0 // GROUP % SCALE_CHUNK != 0, BN, BM, STAGES, num_warps)),
-        (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
-                              n_steps, GROUP, STAGES)),
-    ], [1], [24])
+        mbarrier.init(empty.index(s), count=PARTS)  # (each MMA partition releases the slot)
+    s_upper = k0 // GROUP % SCALE_CHUNK != 0
+    if PARTS == 2:
+        PN: gl.constexpr = BN // 2
+        gl.warp_specialize([
+            (_dx_mma_store_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, s_upper, out_ptr, k0, m_lo,
+                                       m_end, M, K, stride_om, 0, PARTS, PN, BM, STAGES, num_warps)),
+            (_dx_mma_store_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, s_upper, out_ptr, k0, m_lo,
+                                       m_end, M, K, stride_om, 1, PARTS, PN, BM, STAGES, num_warps)),
+            (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
+                                  n_steps, GROUP, STAGES, PARTS)),
+        ], [num_warps, 1], [WORKER_REGS, 24])
+    else:
+        results = gl.warp_specialize([
+            (_dx_mma_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, s_upper, 0, 1, BN, BM,
+                                 STAGES, num_warps)),
+            (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
+                                  n_steps, GROUP, STAGES, 1)),
+        ], [1], [24])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
-    _store_block(results[0], out_ptr, out_ptr, out_ptr, pid_k, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2, False,
-                 True, num_warps)
-    _store_block(results[1], out_ptr, out_ptr, out_ptr, pid_k, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om, BN,
-                 BM // 2, False, True, num_warps)
+    if PARTS == 1:
+        _store_block(results[0], out_ptr, out_ptr, out_ptr, pid_k, k0, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
+                     False, True, num_warps)
+        _store_block(results[1], out_ptr, out_ptr, out_ptr, pid_k, k0, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
+                     BN, BM // 2, False, True, num_warps)
 
 
 def supports_dx(dy: Tensor, w: PackedWeight) -> bool:
@@ -242,9 +275,10 @@ def wgmma_int4_dx(dy: Tensor, w: PackedWeight, out: Tensor, offsets: Tensor | No
     row_tiles = triton.cdiv(t, tile.bm) if offsets is None else max_row_tiles(t, tile.bm, groups)
     values, scale = w.values.view(experts * w.n, -1), w.scale.view(experts * w.n, -1)
     _wgmma_int4_dx_kernel[(triton.cdiv(w.k, bn), 1, row_tiles)](
-        _desc(dy, [tile.bm, BLOCK_R.value], "bf16"), _desc(values, [BLOCK_R.value, bn // 8], "int32"),
+        _desc(dy, [tile.bm, BLOCK_R.value], "bf16"), _desc(values, [BLOCK_R.value, bn // 8 // tile.parts], "int32"),
         _desc(scale, [BLOCK_R.value, SCALE_CHUNK.value], "bf16"), out, out if offsets is None else offsets,
         out if ids is None else ids, t, w.n, w.k, groups, out.stride(0), GROUP=w.group, BN=bn, BM=tile.bm,
         STAGES=tile.stages, GROUPED=offsets is not None, HAS_IDS=ids is not None,
-        E_POW2=triton.next_power_of_2(max(groups, 1)), num_warps=tile.warps, maxnreg=tile.regs)
+        E_POW2=triton.next_power_of_2(max(groups, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
+        num_warps=tile.warps // tile.parts, maxnreg=tile.regs)
     return out

@@ -34,10 +34,13 @@ names = list(inspect.signature(wg._wgmma_int4_kernel.fn).parameters)
 report = {}
 variants = [(f"bm{bm}-g{group}-split{int(split)}", wg.DECODE, bm, group, split, False)
             for bm in (16, 32, 64) for group in (32, 128) for split in (False, True)]
-halves = dataclasses.replace(wg.TRAIN, halves=not wg.TRAIN.halves)
+halves = dataclasses.replace(wg.TRAIN, halves=False, parts=1)
 variants += [("train-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, False),
              ("grouped-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, True),
              ("grouped-g32-other-halves", halves, halves.bm, 32, False, True)]
+other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one partition of MMA warps, or two)
+variants += [("train-g32-other-parts", other_parts, other_parts.bm, 32, False, False),
+             ("grouped-g32-other-parts", other_parts, other_parts.bm, 32, False, True)]
 for name, tile, bm, group, split, grouped in variants:
     bn = 16 * tile.warps
     x = torch.empty(bm, 4096, dtype=torch.bfloat16)
@@ -53,7 +56,7 @@ for name, tile, bm, group, split, grouped in variants:
                                             [bn, wg.SCALE_CHUNK.value], gl.bfloat16))}
     const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
                  SPLIT=split, GROUPED=grouped, HALVES=tile.halves, HAS_IDS=grouped, E_POW2=128 if grouped else 1,
-                 num_warps=tile.warps)
+                 PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32", "ids_ptr": "*i32"}
     sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
            for n in names}
@@ -63,7 +66,7 @@ for name, tile, bm, group, split, grouped in variants:
     src = GluonASTSource(fn=wg._wgmma_int4_kernel, signature=sig, attrs=attrs,
                          constexprs={(names.index(k),): v for k, v in const.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=tile.warps,
+                              options=dict(num_warps=tile.warps // tile.parts,
                                            maxnreg=tile.regs or wg.max_registers(bm, group)))
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(compiled.asm["ptx"])
@@ -71,7 +74,7 @@ for name, tile, bm, group, split, grouped in variants:
         out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
                              text=True, check=True).stderr
     ptx = compiled.asm["ptx"]
-    report[name] = {"bk": tile.bk, "group": group, "halves": tile.halves,
+    report[name] = {"bk": tile.bk, "group": group, "halves": tile.halves, "parts": tile.parts,
         "registers": int(out.split("Used ")[1].split(" registers")[0]),
         "spills": out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1,
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor")}
@@ -91,14 +94,16 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     register cap (max_registers at launch), and multiplies with wgmma on TMA-loaded tiles."""
     report = _report()
     decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
-    assert set(report) == decode | {"train-g32", "grouped-g32", "grouped-g32-other-halves"}
+    assert set(report) == decode | {"train-g32", "grouped-g32", "grouped-g32-other-halves", "train-g32-other-parts",
+                                    "grouped-g32-other-parts"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
         # at 128; at the training tiles' 64, 4 steps; unrolled); the loader's TMA loads: the scale chunk, then per
         # step the words and x in 128-byte swizzle boxes (BK * 2 bytes of each row: two boxes at 128, one at 64).
         steps = kernels.wgmma_int4.SCALE_CHUNK.value * r["group"] // r["bk"]
-        wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1)  # (halves: one per half of the activation rows)
+        # (halves: one per half of the activation rows; parts: each MMA partition has its own code)
+        wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1) * r["parts"]
         assert r["wgmma"] == wgmmas and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
 
 
@@ -167,6 +172,18 @@ def test_pair_decode_text_matches_the_int4_format():
 
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+# wgmma_int4.TRAIN as shipped (two independent MMA warpgroups), as one partition, and as one without halves (the
+# only training tile that splits K).
+TRAIN_VARIANTS = ["two-parts", "one-part", "one-part-no-halves"]
+
+
+def _train_tile(variant: str):
+    from orbit_lightning.kernels import wgmma_int4 as wg
+
+    changes = {"two-parts": dict(parts=2), "one-part": dict(parts=1), "one-part-no-halves": dict(parts=1, halves=False)}
+    return dataclasses.replace(wg.TRAIN, **changes[variant])
 
 
 def _spy(monkeypatch) -> list:
@@ -285,11 +302,11 @@ def _bf16_weight_bound(x: torch.Tensor, wb: torch.Tensor, ref_b: torch.Tensor) -
 
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-@pytest.mark.parametrize("halves", [False, True])
-def test_training_tile_covers_many_row_tiles(halves):
-    """wgmma_int4.TRAIN (two warpgroups, 256 activation rows per program) on M = 600 (three row tiles, the last
-    partial) and N = 320 (a partial 128-row weight tile): every output meets the bound against the bf16 weights, and
-    nothing past M or N is written."""
+@pytest.mark.parametrize("variant", TRAIN_VARIANTS)
+def test_training_tile_covers_many_row_tiles(variant):
+    """wgmma_int4.TRAIN (two warpgroups, 256 activation rows per program; as shipped, as one partition, and without
+    halves) on M = 600 (three row tiles, the last partial) and N = 320 (a partial 128-row weight tile): every output
+    meets the bound against the bf16 weights, and nothing past M or N is written."""
     from orbit_lightning.kernels import wgmma_int4 as wg
     from orbit_lightning.kernels.formats import resolve
     from orbit_lightning.kernels.gemm import _tickets
@@ -298,8 +315,8 @@ def test_training_tile_covers_many_row_tiles(halves):
     packed, _ = random_weight("int4", (n, k), seed=21, device="cuda")
     x = torch.randn(m, k, generator=torch.Generator("cuda").manual_seed(21), device="cuda").bfloat16()
     out = torch.full((m + 8, n + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
-    # 3 x 3 tiles on 132 SMs: K splits in 8 (whole scale chunks), partials summed per tile.
-    tile = dataclasses.replace(wg.TRAIN, halves=halves)
+    # 3 x 3 tiles on 132 SMs: without halves K splits in 8 (whole scale chunks), partials summed per tile.
+    tile = _train_tile(variant)
     y = wg.wgmma_int4(x, resolve("int4", packed, stacked=False), out[:m, :n], lambda c: _tickets(x.device, c), tile)
     wb = kernels.dequantize("int4", packed).double()
     ref_b = x.double() @ wb.T
@@ -309,8 +326,8 @@ def test_training_tile_covers_many_row_tiles(halves):
 
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-@pytest.mark.parametrize("halves", [False, True])
-def test_grouped_training_tile_meets_each_experts_reference(halves):
+@pytest.mark.parametrize("variant", TRAIN_VARIANTS)
+def test_grouped_training_tile_meets_each_experts_reference(variant):
     """wgmma_int4_grouped on 8 experts whose row counts are uneven: empty experts (first, middle, last), one row, a
     count just past a 256-row tile and several tiles: each expert's rows meet the bound against x_e @ W_e^T of its
     decoded bf16 weights, through device offsets alone, and every row is written."""
@@ -326,7 +343,7 @@ def test_grouped_training_tile_meets_each_experts_reference(halves):
     offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     assert wg.supports_grouped(x, w)
     out = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    wg.wgmma_int4_grouped(x, offsets, w, out, dataclasses.replace(wg.TRAIN, halves=halves))
+    wg.wgmma_int4_grouped(x, offsets, w, out, _train_tile(variant))
     wb = kernels.dequantize("int4", packed).double()  # [E, N, K]
     for i, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
         ref_b = x[lo:hi].double() @ wb[i].T
@@ -338,6 +355,6 @@ def test_grouped_training_tile_meets_each_experts_reference(halves):
     chunk_offsets = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()], dtype=torch.int32,
                                  device="cuda")
     out_chunk = torch.full((int(chunk_offsets[-1]), n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    wg.wgmma_int4_grouped(torch.cat(rows), chunk_offsets, w, out_chunk, dataclasses.replace(wg.TRAIN, halves=halves),
+    wg.wgmma_int4_grouped(torch.cat(rows), chunk_offsets, w, out_chunk, _train_tile(variant),
                           ids=chunk)
     assert torch.equal(out_chunk, torch.cat([out[offsets[e] : offsets[e + 1]] for e in chunk.tolist()]))

@@ -4,6 +4,8 @@ meets the fp64 oracle against the decoded bf16 weights, dense and grouped (by ex
 reads every weight bit-exactly (one-hot rows of dy)."""
 
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from tests.kernels.kernel_oracles import assert_within, gpu, random_weight
 from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
-import inspect, json, subprocess, tempfile
+import dataclasses, inspect, json, subprocess, tempfile
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
@@ -25,20 +27,22 @@ from orbit_lightning.kernels import wgmma_int4 as wg, wgmma_int4_dx as dx
 ptxas = get_ptxas(90)
 ptxas = getattr(ptxas, "path", ptxas)
 names = list(inspect.signature(dx._wgmma_int4_dx_kernel.fn).parameters)
-tile, br = wg.TRAIN, dx.BLOCK_R.value
-bn = 16 * tile.warps
+br = dx.BLOCK_R.value
 report = {}
-for grouped in (False, True):
+other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one partition of MMA warps, or two)
+for tile, grouped in [(wg.TRAIN, False), (wg.TRAIN, True), (other_parts, False), (other_parts, True)]:
+    bn = 16 * tile.warps
     dy = torch.empty(4096, 4096, dtype=torch.bfloat16)
     words = torch.empty(4096, 512, dtype=torch.int32)
     scales = torch.empty(4096, 128, dtype=torch.bfloat16)
     def desc(t, block, dtype):
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, dtype))
-    descs = {"dy_desc": desc(dy, [tile.bm, br], gl.bfloat16), "w_desc": desc(words, [br, bn // 8], gl.int32),
+    descs = {"dy_desc": desc(dy, [tile.bm, br], gl.bfloat16),
+             "w_desc": desc(words, [br, bn // 8 // tile.parts], gl.int32),
              "s_desc": desc(scales, [br, wg.SCALE_CHUNK.value], gl.bfloat16)}
     const = dict(GROUP=32, BN=bn, BM=tile.bm, STAGES=tile.stages, GROUPED=grouped, HAS_IDS=grouped, E_POW2=128,
-                 num_warps=tile.warps)
+                 PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "offsets_ptr": "*i32", "ids_ptr": "*i32"}
     sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
            for n in names}
@@ -47,14 +51,14 @@ for grouped in (False, True):
     src = GluonASTSource(fn=dx._wgmma_int4_dx_kernel, signature=sig, attrs=attrs,
                          constexprs={(names.index(k),): v for k, v in const.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=tile.warps, maxnreg=tile.regs))
+                              options=dict(num_warps=tile.warps // tile.parts, maxnreg=tile.regs))
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(compiled.asm["ptx"])
         f.flush()
         out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
                              text=True, check=True).stderr
     ptx = compiled.asm["ptx"]
-    report[f"grouped{int(grouped)}"] = {
+    report[f"parts{tile.parts}-grouped{int(grouped)}"] = {"parts": tile.parts,
         "spills": out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1,
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"), "prmt": ptx.count("prmt")}
 print(json.dumps(report))
@@ -63,13 +67,15 @@ print(json.dumps(report))
 
 @needs_sm90_compiler
 def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
-    """Dense and grouped compile (a layout step that is not trivial fails it) without spills at 168 registers; per
-    step of 64 of N: 4 k16 wgmmas per half of the activation rows, three TMA loads (dy, words, scales), and one prmt
-    per pair of W's rows and lane (the step's 32 values per thread come from 8 of them)."""
+    """Dense and grouped, with the MMA warps as one partition or two, compile (a layout step that is not trivial
+    fails it) without spills; per step of 64 of N and MMA partition: 4 k16 wgmmas per half of the activation rows, a
+    TMA load of its words (and dy and the scales for all), and one prmt per pair of W's rows and lane (the step's 32
+    values per thread come from 8 of them)."""
     report = compile_report(_SCRIPT)
-    assert set(report) == {"grouped0", "grouped1"}
+    assert set(report) == {f"parts{p}-grouped{g}" for p in (1, 2) for g in (0, 1)}
     for name, r in report.items():
-        assert not r["spills"] and r["wgmma"] == 8 and r["tma"] == 3 and r["prmt"] == 8, (name, r)
+        p = r["parts"]
+        assert not r["spills"] and r["wgmma"] == 8 * p and r["tma"] == 2 + p and r["prmt"] == 8 * p, (name, r)
 
 
 def test_row_order_is_a_permutation_of_the_tile_columns():
@@ -96,11 +102,20 @@ def _bound(dy: torch.Tensor, wb: torch.Tensor, ref: torch.Tensor) -> torch.Tenso
     return 2.0**-8 * ref.abs() + dy.shape[-1] * 2.0**-23 * (dy.double().abs() @ wb.abs())
 
 
+def _tile(parts: int):
+    """wgmma_int4.TRAIN with its MMA warps as one partition or as two independent warpgroups."""
+    from orbit_lightning.kernels import wgmma_int4 as wg
+
+    return dataclasses.replace(wg.TRAIN, parts=parts)
+
+
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-def test_dense_dx_meets_the_bf16_weight_oracle():
+@pytest.mark.parametrize("parts", [1, 2])
+def test_dense_dx_meets_the_bf16_weight_oracle(parts):
     """T = 600 (three row tiles, the last short: its second half skipped), N = 320 (the last step of 64 reads past N:
-    zeros from dy), K = 1280 (a partial 128-column tile): every output within the bound, nothing past T or K written."""
+    zeros from dy), K = 1280 (ten 128-column tiles, the odd ones on the upper half of their scale box): every output
+    within the bound, nothing past T or K written."""
     from orbit_lightning.kernels import wgmma_int4_dx as wdx
     from orbit_lightning.kernels.formats import resolve
 
@@ -110,7 +125,7 @@ def test_dense_dx_meets_the_bf16_weight_oracle():
     dy = torch.randn(t, n, generator=torch.Generator("cuda").manual_seed(31), device="cuda").bfloat16()
     assert wdx.supports_dx(dy, w)
     out = torch.full((t + 8, k + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
-    wdx.wgmma_int4_dx(dy, w, out[:t, :k])
+    wdx.wgmma_int4_dx(dy, w, out[:t, :k], tile=_tile(parts))
     wb = kernels.dequantize("int4", packed).double()
     ref = dy.double() @ wb
     assert_within(out[:t, :k], ref, _bound(dy, wb, ref))
@@ -119,7 +134,8 @@ def test_dense_dx_meets_the_bf16_weight_oracle():
 
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly():
+@pytest.mark.parametrize("parts", [1, 2])
+def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly(parts):
     """8 experts with empty ones, one row and several tiles: dy_e @ W_e within the bound per expert; a chunk of experts
     by id gives the same rows bit for bit; and one-hot rows of dy read W_e[n, :] back exactly (every word column,
     nibble and scale group of the tile's row order)."""
@@ -134,7 +150,7 @@ def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly():
     dy = torch.randn(t, n, generator=torch.Generator("cuda").manual_seed(32), device="cuda").bfloat16()
     offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     out = torch.full((t, k), float("nan"), device="cuda", dtype=torch.bfloat16)
-    wdx.wgmma_int4_dx(dy, w, out, offsets)
+    wdx.wgmma_int4_dx(dy, w, out, offsets, tile=_tile(parts))
     wb = kernels.dequantize("int4", packed).double()
     bounds = [(lo, hi) for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     for i, (lo, hi) in enumerate(bounds):
@@ -145,12 +161,12 @@ def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly():
     chunk_offsets = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()], dtype=torch.int32,
                                  device="cuda")
     out_chunk = torch.empty(int(chunk_offsets[-1]), k, device="cuda", dtype=torch.bfloat16)
-    wdx.wgmma_int4_dx(torch.cat(rows), w, out_chunk, chunk_offsets, chunk)
+    wdx.wgmma_int4_dx(torch.cat(rows), w, out_chunk, chunk_offsets, chunk, _tile(parts))
     assert torch.equal(out_chunk, torch.cat([out[bounds[c][0] : bounds[c][1]] for c in chunk.tolist()]))
     # One-hot: expert 5's 520 rows pick rows n = 0, 7, 14, ... of W_5, so out row = W_5[n, :] in bf16, exactly.
     lo, hi = bounds[5]
     picks = (torch.arange(hi - lo, device="cuda") * 7) % n
     onehot = torch.zeros(t, n, device="cuda", dtype=torch.bfloat16)
     onehot[torch.arange(lo, hi, device="cuda"), picks] = 1.0
-    wdx.wgmma_int4_dx(onehot, w, out, offsets)
+    wdx.wgmma_int4_dx(onehot, w, out, offsets, tile=_tile(parts))
     assert torch.equal(out[lo:hi], kernels.dequantize("int4", packed)[5][picks])
