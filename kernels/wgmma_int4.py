@@ -15,7 +15,8 @@ bench/RESULTS.md). Gluon fixes every layout by hand:
   by -136, fma by the scale) gives one bf16x2 register, bit-identical to every other kernel's weights. Every layout
   step is checked trivial at compile time (convert_layout(assert_trivial=True)).
 - Each step's wgmma completes before the next step decodes into its register operand (see _mma_partition); two or
-  three programs per SM overlap one's decode with another's MMA. A step's scales are a few bytes per row, below
+  three programs per SM overlap one's decode with another's MMA (at training sizes, one program's two warpgroups,
+  each a partition of its own: Tile.parts). A step's scales are a few bytes per row, below
   TMA's 16-byte box: the loader fetches chunks of 8 groups (2 steps at group 32, 8 at 128) into a ring of their
   own, and the MMA warps read each step's from shared memory.
 - The K range splits over programs when N alone does not fill the GPU; the last program to finish a tile sums the
@@ -404,10 +405,11 @@ class Tile:
 
 
 DECODE = Tile()
-# Training and prefill rows (bench/RESULTS.md, fifteenth session: 12 dense shapes at M = 4096 / 16384, 0.82 / 0.84x
-# bf16 cuBLAS, against 0.70 / 0.73 for one warpgroup of 256 rows): two warpgroups of 64 weight rows on 256 activation
-# rows share each step's activations, and while one waits on its synchronous wgmma the other decodes. 168 registers:
-# the 8 MMA warps and the loader round up to 12 warps, 384 threads on the SM's 64k registers.
+# Training and prefill rows (bench/RESULTS.md, fifteenth session; H200, 12 dense shapes at M = 4096, x bf16 cuBLAS):
+# two warpgroups of 64 weight rows on 256 activation rows share each step's activations (0.78 against 0.70 for one
+# warpgroup); as two partitions (parts = 2) they no longer meet at a barrier every step, so while one waits on its
+# synchronous wgmma the other decodes: 0.86 forward, dX 0.70 -> 0.81. 168 registers at launch: the 8 MMA warps and
+# the loader round up to 12 warps, 384 threads on the SM's 64k registers.
 TRAIN = Tile(warps=8, bm=256, bk=64, stages=3, regs=168, halves=True, parts=2)
 # With parts = 2 the MMA warpgroups and the loader's (padded) warpgroup share 384 threads x 168 registers; setmaxnreg
 # gives each MMA partition 240 and the loader 24 (at 168 each, ptxas spilled inside the loop).
