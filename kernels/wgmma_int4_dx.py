@@ -24,6 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from .configs import capability, max_row_tiles
+from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
 from .wgmma_int4 import PART_REGS, SCALE_CHUNK, TRAIN, Tile, _desc, _find_tile, _store_block, _tma_load
 
@@ -31,27 +32,17 @@ BLOCK_R = gl.constexpr(64)  # N (the reduction) per step
 
 # For the pair of W's rows n, n + 1 at word column c: $4, $5 their words, $6 the prmt selector bytes (j // 2,
 # j // 2 + 2) of $4 then of $5, $7 the shift 4 * (j % 2) that brings nibble j to bit 0, $8 / $9 the two rows' scales.
-# Out: ($0, $1) the rows' values at k (nibble j), ($2, $3) at k + 4 (nibble j + 4), decoded as dequant.py does.
-_DX_ASM = gl.constexpr("""
-{
-.reg .b32 t, u, r0, r1, s2, one, off, nz;
-mov.b32 s2, {$8, $9};
-mov.b32 one, 0x3F803F80;
-mov.b32 off, 0xC308C308;
-mov.b32 nz, 0x80008000;
-prmt.b32 t, $4, $5, $6;
-shr.u32 t, t, $7;
-lop3.b32 r0, t, 0x000F000F, 0x43004300, 0xEA;
-shr.u32 u, t, 8;
-lop3.b32 r1, u, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 r0, r0, one, off;
-fma.rn.bf16x2 r1, r1, one, off;
-fma.rn.bf16x2 r0, r0, s2, nz;
-fma.rn.bf16x2 r1, r1, s2, nz;
-mov.b32 {$0, $1}, r0;
-mov.b32 {$2, $3}, r1;
-}
-""")
+# Out: ($0, $1) the rows' values at k (nibble j), ($2, $3) at k + 4 (nibble j + 4): the gathered word t and t >> 8
+# decoded by dequant.py's own lines for its registers t0 and t1 (so that the two cannot drift apart).
+_DX_DECODE_LINES = ("mov.b32 one,", "mov.b32 off,", "mov.b32 nz,", "lop3.b32 t0,", "lop3.b32 t1,",
+                    "fma.rn.bf16x2 t0,", "fma.rn.bf16x2 t1,")
+_DX_ASM = gl.constexpr(
+    "{\n.reg .b32 t, w, t0, t1, s2, one, off, nz;\nmov.b32 s2, {$8, $9};\nprmt.b32 t, $4, $5, $6;\n"
+    "shr.u32 t, t, $7;\nshr.u32 w, t, 8;\n"
+    + "".join(line.replace("$8", "t") + "\n" for line in _INT4_BF16_ASM.value.splitlines()
+              if line.startswith(_DX_DECODE_LINES))
+    + "mov.b32 {$0, $1}, t0;\nmov.b32 {$2, $3}, t1;\n}\n"
+)
 
 
 def row_column(row: int) -> int:

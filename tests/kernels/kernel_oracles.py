@@ -43,3 +43,15 @@ def gpu(test):
 def expert_offsets(counts: list[int], dtype=torch.int32, device="cpu") -> torch.Tensor:
     """[E + 1] offsets of rows sorted by expert, expert e holding counts[e] rows (grouped_gemm's contract)."""
     return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=dtype, device=device)
+
+
+def uneven_int4_experts(counts: list[int], n: int, k: int, features: int, seed: int):
+    """For the grouped GPU tests: stacked random int4 experts [E = len(counts), n, k] (packed, and resolved for the
+    kernels), bf16 rows [sum(counts), features] sorted by expert (expert e holding counts[e]) and their int32 offsets,
+    all on CUDA."""
+    from orbit_lightning.kernels.formats import resolve
+
+    packed, _ = random_weight("int4", (len(counts), n, k), seed=seed, device="cuda")
+    gen = torch.Generator("cuda").manual_seed(seed)
+    rows = torch.randn(sum(counts), features, generator=gen, device="cuda").bfloat16()
+    return packed, resolve("int4", packed, stacked=True), rows, expert_offsets(counts, device="cuda")

@@ -15,15 +15,13 @@ import functools
 from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
-import inspect, json, subprocess, tempfile
+import inspect, json
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from orbit_lightning.kernels import gemv
+from tests.kernels.sm90_compile import ptxas_usage
 
-ptxas = get_ptxas(90)
-ptxas = getattr(ptxas, "path", ptxas)
 names = list(inspect.signature(gemv._gemv_kernel.fn).parameters)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "gs_ptr": "*bf16", "out_ptr": "*bf16",
             "ws_ptr": "*fp32", "cnt_ptr": "*i32", "la0": "*bf16", "la1": "*bf16", "la2": "*bf16", "lb0": "*bf16",
@@ -34,15 +32,10 @@ tiles = {"m1": dict(BN=16, TWO=True, PREFETCH=True, ONE_ROW=True), "m16": dict(B
                                                                                  ONE_ROW=False)}
 def ptxas_report(src, **options):
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
-                             text=True, check=True).stderr
-    spills = out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1
-    layouts = sorted({line.split(" = ", 1)[1] for line in ttgir.splitlines() if line.startswith("#blocked")})
-    return {"registers": int(out.split("Used ")[1].split(" registers")[0]), "spills": spills, "layouts": layouts}
+    usage = ptxas_usage(compiled.asm["ptx"])
+    layouts = sorted({line.split(" = ", 1)[1] for line in compiled.asm["ttgir"].splitlines()
+                      if line.startswith("#blocked")})
+    return {"registers": usage["registers"], "spills": usage["spills"], "layouts": layouts}
 
 
 report = {}

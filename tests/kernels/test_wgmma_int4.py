@@ -14,22 +14,28 @@ import pytest
 import torch
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
+from tests.kernels.kernel_oracles import (
+    assert_within,
+    expert_offsets,
+    gpu,
+    matmul_bound,
+    random_weight,
+    uneven_int4_experts,
+)
+from tests.kernels.ptx_text import run_ptx
 from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
-import dataclasses, inspect, json, subprocess, sys, tempfile
+import dataclasses, inspect, json, sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 from orbit_lightning.kernels import wgmma_int4 as wg
+from tests.kernels.sm90_compile import ptxas_usage
 
-ptxas = get_ptxas(90)
-ptxas = getattr(ptxas, "path", ptxas)
 names = list(inspect.signature(wg._wgmma_int4_kernel.fn).parameters)
 report = {}
 variants = [(f"bm{bm}-g{group}-split{int(split)}", wg.DECODE, bm, group, split, False)
@@ -68,15 +74,10 @@ for name, tile, bm, group, split, grouped in variants:
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=tile.warps // tile.parts,
                                            maxnreg=tile.regs or wg.max_registers(bm, group)))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(compiled.asm["ptx"])
-        f.flush()
-        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
-                             text=True, check=True).stderr
     ptx = compiled.asm["ptx"]
+    usage = ptxas_usage(ptx)
     report[name] = {"bk": tile.bk, "group": group, "halves": tile.halves, "parts": tile.parts,
-        "registers": int(out.split("Used ")[1].split(" registers")[0]),
-        "spills": out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1,
+        "registers": usage["registers"], "spills": usage["spills"],
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor")}
 print(json.dumps(report))
 """
@@ -108,46 +109,8 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
 
 
 def _run_pair_asm(word: int, byte: int, scale_bits: int) -> tuple[int, int]:
-    """Execute wgmma_int4._PAIR_ASM's text for one word, byte t and bf16 scale: a small interpreter of the six PTX
-    instructions it uses (bf16x2 fma rounds the exact product to nearest even, as the hardware does). Returns the
-    bf16 bit patterns of $0 and $1."""
-    regs = {"$2": word, "$3": byte | (byte + 4) << 8, "$4": scale_bits}
-
-    def val(tok: str) -> int:
-        return regs[tok] if tok in regs else int(tok, 0)
-
-    def halves(v: int) -> list[float]:
-        return [torch.tensor([(v >> sh) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
-                for sh in (0, 16)]  # (int32 -> int16 wraps: the low 16 bits)
-
-    def pack(lo: float, hi: float) -> int:
-        b = torch.tensor([lo, hi], dtype=torch.float64).to(torch.float32).to(torch.bfloat16).view(torch.int16)
-        return (b[0].item() & 0xFFFF) | (b[1].item() & 0xFFFF) << 16
-
-    for line in kernels.wgmma_int4._PAIR_ASM.value.splitlines():
-        op, _, rest = line.strip().rstrip(";").partition(" ")
-        args = [a.strip() for a in rest.replace("{", "").replace("}", "").split(",")]
-        if op == "shr.u32":
-            regs[args[0]] = (val(args[1]) & 0xFFFFFFFF) >> val(args[2])
-        elif op == "prmt.b32":  # default mode: byte i of the result is byte (selector nibble i) of {b, a}
-            src = (val(args[1]) & 0xFFFFFFFF) | (val(args[2]) & 0xFFFFFFFF) << 32
-            sel = val(args[3])
-            regs[args[0]] = sum(((src >> 8 * ((sel >> 4 * i) & 7)) & 0xFF) << 8 * i for i in range(4))
-        elif op == "lop3.b32":
-            assert args[4] == "0xEA"  # (a & b) | c
-            regs[args[0]] = (val(args[1]) & val(args[2])) | val(args[3])
-        elif op == "mov.b32" and len(args) == 3 and args[0].startswith("$"):  # unpack {$0, $1}, r
-            regs[args[0]], regs[args[1]] = val(args[2]) & 0xFFFF, val(args[2]) >> 16
-        elif op == "mov.b32" and len(args) == 3:  # pack r, {h, h}
-            regs[args[0]] = (val(args[1]) & 0xFFFF) | (val(args[2]) & 0xFFFF) << 16
-        elif op == "mov.b32":
-            regs[args[0]] = val(args[1])
-        elif op == "fma.rn.bf16x2":
-            a, b, c = (halves(val(t)) for t in args[1:])
-            # Each product here is exact in fp32 (integers times one bf16 scale); the sum rounds once to bf16.
-            regs[args[0]] = pack(*(x * y + z for x, y, z in zip(a, b, c)))
-        else:
-            assert op in ("{", "}", ".reg"), f"unexpected PTX in _PAIR_ASM: {line!r}"
+    """wgmma_int4._PAIR_ASM's text run for one word, byte t and bf16 scale; the bf16 bit patterns of $0 and $1."""
+    regs = run_ptx(kernels.wgmma_int4._PAIR_ASM.value, {"$2": word, "$3": byte | (byte + 4) << 8, "$4": scale_bits})
     return regs["$0"], regs["$1"]
 
 
@@ -332,15 +295,11 @@ def test_grouped_training_tile_meets_each_experts_reference(variant):
     count just past a 256-row tile and several tiles: each expert's rows meet the bound against x_e @ W_e^T of its
     decoded bf16 weights, through device offsets alone, and every row is written."""
     from orbit_lightning.kernels import wgmma_int4 as wg
-    from orbit_lightning.kernels.formats import resolve
 
     counts = [0, 1, 257, 0, 40, 600, 3, 0]
-    e, n, k = len(counts), 384, 1024
-    packed, _ = random_weight("int4", (e, n, k), seed=22, device="cuda")
-    w = resolve("int4", packed, stacked=True)
+    n, k = 384, 1024
+    packed, w, x, offsets = uneven_int4_experts(counts, n, k, k, seed=22)
     t = sum(counts)
-    x = torch.randn(t, k, generator=torch.Generator("cuda").manual_seed(22), device="cuda").bfloat16()
-    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     assert wg.supports_grouped(x, w)
     out = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     wg.wgmma_int4_grouped(x, offsets, w, out, _train_tile(variant))
@@ -352,8 +311,7 @@ def test_grouped_training_tile_meets_each_experts_reference(variant):
     # 5, 2 and 4 with their row counts; the output equals the same experts' rows above, bit for bit.
     chunk = torch.tensor([5, 2, 4], dtype=torch.int32, device="cuda")
     rows = [x[offsets[e] : offsets[e + 1]] for e in chunk.tolist()]
-    chunk_offsets = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()], dtype=torch.int32,
-                                 device="cuda")
+    chunk_offsets = expert_offsets([len(r) for r in rows], device="cuda")
     out_chunk = torch.full((int(chunk_offsets[-1]), n), float("nan"), device="cuda", dtype=torch.bfloat16)
     wg.wgmma_int4_grouped(torch.cat(rows), chunk_offsets, w, out_chunk, _train_tile(variant),
                           ids=chunk)

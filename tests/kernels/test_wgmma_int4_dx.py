@@ -10,22 +10,21 @@ import pytest
 import torch
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, gpu, random_weight
+from tests.kernels.kernel_oracles import assert_within, expert_offsets, gpu, random_weight, uneven_int4_experts
 from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
-import dataclasses, inspect, json, subprocess, tempfile
+import dataclasses, inspect, json
 import torch, triton
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 from orbit_lightning.kernels import wgmma_int4 as wg, wgmma_int4_dx as dx
 
-ptxas = get_ptxas(90)
-ptxas = getattr(ptxas, "path", ptxas)
+from tests.kernels.sm90_compile import ptxas_usage
+
 names = list(inspect.signature(dx._wgmma_int4_dx_kernel.fn).parameters)
 br = dx.BLOCK_R.value
 report = {}
@@ -52,14 +51,8 @@ for tile, grouped in [(wg.TRAIN, False), (wg.TRAIN, True), (other_parts, False),
                          constexprs={(names.index(k),): v for k, v in const.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=tile.warps // tile.parts, maxnreg=tile.regs))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(compiled.asm["ptx"])
-        f.flush()
-        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
-                             text=True, check=True).stderr
     ptx = compiled.asm["ptx"]
-    report[f"parts{tile.parts}-grouped{int(grouped)}"] = {"parts": tile.parts,
-        "spills": out.count("0 bytes spill stores") != 1 or out.count("0 bytes spill loads") != 1,
+    report[f"parts{tile.parts}-grouped{int(grouped)}"] = {"parts": tile.parts, "spills": ptxas_usage(ptx)["spills"],
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"), "prmt": ptx.count("prmt")}
 print(json.dumps(report))
 """
@@ -76,6 +69,33 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     for name, r in report.items():
         p = r["parts"]
         assert not r["spills"] and r["wgmma"] == 8 * p and r["tma"] == 2 + p and r["prmt"] == 8 * p, (name, r)
+
+
+def test_pair_decode_text_matches_the_int4_format():
+    """_DX_ASM for lane nibble j of a word column: from the words of W's rows n and n + 1, ($0, $1) are the two rows'
+    values at nibble j and ($2, $3) at nibble j + 4, each times its own row's scale: the int4 format's dequantization,
+    bit for bit, for every j, nibble value and a range of scales (its text runs here; the kernel only on a GPU)."""
+    from orbit_lightning.kernels import wgmma_int4_dx as wdx
+
+    from orbit_lightning.quant.formats.int4 import unpack_int4
+    from tests.kernels.ptx_text import run_ptx
+
+    gen = torch.Generator().manual_seed(0)
+    words = torch.randint(-(2**31), 2**31, (12, 2), generator=gen, dtype=torch.int64).to(torch.int32)
+    words[0] = torch.tensor([0x76543210, -0x789ABCDF - 1], dtype=torch.int32)  # every nibble value in each row
+    scales = (torch.rand(12, 2, generator=gen) * 2.0 ** torch.randint(-12, 3, (12, 2), generator=gen)).bfloat16()
+    bits = lambda t: t.view(torch.int16).int() & 0xFFFF  # noqa: E731
+    for pair, scale in zip(words, scales):
+        want = [bits((unpack_int4(pair[r].reshape(1)).float() * scale[r].float()).bfloat16()) for r in (0, 1)]
+        for j in range(4):
+            jb = j // 2  # (the kernel's selector and shift for lane nibble j)
+            regs = run_ptx(wdx._DX_ASM.value, {
+                "$4": pair[0].item() & 0xFFFFFFFF, "$5": pair[1].item() & 0xFFFFFFFF,
+                "$6": jb | (jb + 2) << 4 | (jb + 4) << 8 | (jb + 6) << 12, "$7": 4 * (j % 2),
+                "$8": bits(scale[0]).item(), "$9": bits(scale[1]).item()})
+            got = [regs[f"${i}"] for i in range(4)]
+            expect = [want[0][j], want[1][j], want[0][j + 4], want[1][j + 4]]
+            assert got == [v.item() for v in expect], (hex(pair[0].item()), hex(pair[1].item()), j)
 
 
 def test_row_order_is_a_permutation_of_the_tile_columns():
@@ -140,15 +160,11 @@ def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly(parts):
     by id gives the same rows bit for bit; and one-hot rows of dy read W_e[n, :] back exactly (every word column,
     nibble and scale group of the tile's row order)."""
     from orbit_lightning.kernels import wgmma_int4_dx as wdx
-    from orbit_lightning.kernels.formats import resolve
 
     counts = [0, 1, 300, 0, 40, 520, 3, 0]
-    e, n, k = len(counts), 384, 1024
-    packed, _ = random_weight("int4", (e, n, k), seed=32, device="cuda")
-    w = resolve("int4", packed, stacked=True)
+    n, k = 384, 1024
+    packed, w, dy, offsets = uneven_int4_experts(counts, n, k, n, seed=32)
     t = sum(counts)
-    dy = torch.randn(t, n, generator=torch.Generator("cuda").manual_seed(32), device="cuda").bfloat16()
-    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     out = torch.full((t, k), float("nan"), device="cuda", dtype=torch.bfloat16)
     wdx.wgmma_int4_dx(dy, w, out, offsets, tile=_tile(parts))
     wb = kernels.dequantize("int4", packed).double()
@@ -158,8 +174,7 @@ def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly(parts):
         assert_within(out[lo:hi], ref, _bound(dy[lo:hi], wb[i], ref))
     chunk = torch.tensor([5, 2, 4], dtype=torch.int32, device="cuda")
     rows = [dy[bounds[c][0] : bounds[c][1]] for c in chunk.tolist()]
-    chunk_offsets = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()], dtype=torch.int32,
-                                 device="cuda")
+    chunk_offsets = expert_offsets([len(r) for r in rows], device="cuda")
     out_chunk = torch.empty(int(chunk_offsets[-1]), k, device="cuda", dtype=torch.bfloat16)
     wdx.wgmma_int4_dx(torch.cat(rows), w, out_chunk, chunk_offsets, chunk, _tile(parts))
     assert torch.equal(out_chunk, torch.cat([out[bounds[c][0] : bounds[c][1]] for c in chunk.tolist()]))

@@ -1,0 +1,53 @@
+"""A small interpreter of the PTX text the Gluon kernels inline for the int4 decode (shr, prmt, lop3, mov, bf16x2
+fma), so that CPU tests can run it: the kernels themselves run only on a GPU."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _halves(v: int) -> list[float]:
+    """The two bf16 halves of a 32-bit register, as floats."""
+    return [torch.tensor([(v >> sh) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
+            for sh in (0, 16)]  # (int32 -> int16 wraps: the low 16 bits)
+
+
+def _pack(lo: float, hi: float) -> int:
+    """Two values rounded once to bf16 (through fp32: exact for the sums below) into one 32-bit register."""
+    b = torch.tensor([lo, hi], dtype=torch.float64).to(torch.float32).to(torch.bfloat16).view(torch.int16)
+    return (b[0].item() & 0xFFFF) | (b[1].item() & 0xFFFF) << 16
+
+
+def run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
+    """Run `text` with the operands `inputs` ("$2": value, ...; 16-bit operands as their bit patterns) and return every
+    register and operand afterwards. bf16x2 fma rounds the exact result to nearest even, as the hardware does (each
+    product here is exact: integers times one bf16 scale); an instruction outside the set fails the test."""
+    regs = dict(inputs)
+
+    def val(tok: str) -> int:
+        return regs[tok] if tok in regs else int(tok, 0)
+
+    for line in text.splitlines():
+        op, _, rest = line.strip().rstrip(";").partition(" ")
+        args = [a.strip() for a in rest.replace("{", "").replace("}", "").split(",")]
+        if op == "shr.u32":
+            regs[args[0]] = (val(args[1]) & 0xFFFFFFFF) >> val(args[2])
+        elif op == "prmt.b32":  # default mode: byte i of the result is byte (selector nibble i) of {b, a}
+            src = (val(args[1]) & 0xFFFFFFFF) | (val(args[2]) & 0xFFFFFFFF) << 32
+            sel = val(args[3])
+            regs[args[0]] = sum(((src >> 8 * ((sel >> 4 * i) & 7)) & 0xFF) << 8 * i for i in range(4))
+        elif op == "lop3.b32":
+            assert args[4] == "0xEA"  # (a & b) | c
+            regs[args[0]] = (val(args[1]) & val(args[2])) | val(args[3])
+        elif op == "mov.b32" and len(args) == 3 and args[0].startswith("$"):  # unpack {$0, $1}, r
+            regs[args[0]], regs[args[1]] = val(args[2]) & 0xFFFF, val(args[2]) >> 16
+        elif op == "mov.b32" and len(args) == 3:  # pack r, {h, h}
+            regs[args[0]] = (val(args[1]) & 0xFFFF) | (val(args[2]) & 0xFFFF) << 16
+        elif op == "mov.b32":
+            regs[args[0]] = val(args[1])
+        elif op == "fma.rn.bf16x2":
+            a, b, c = (_halves(val(t)) for t in args[1:])
+            regs[args[0]] = _pack(*(x * y + z for x, y, z in zip(a, b, c)))
+        else:
+            assert op in ("{", "}", ".reg", ""), f"unexpected PTX: {line!r}"
+    return regs
