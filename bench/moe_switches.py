@@ -29,6 +29,11 @@ SWITCHES = {
                            "MoE prefill/training forward: dequantize + torch's grouped GEMM, not wgmma_int4_grouped"),
     "--no-wgmma-dx": ("orbit_lightning.kernels.configs", "WGMMA_GROUPED_DX_MAX_ROWS", 0,
                       "MoE training dX: dequantize + torch's grouped GEMM, not kernels/wgmma_int4_dx.py"),
+    "--no-wgmma-rows": ("orbit_lightning.kernels.wgmma_int4", "MAX_ROWS", 64,
+                        "dense int4 past 64 rows: dequantize + cuBLAS (and the tile kernel), not wgmma_int4's wider "
+                        "tiles (ROW_TILES)"),
+    "--fuse-wide": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 1024,
+                    "candidate: q/k/v and gate/up as one stacked matmul up to 1024 rows (no autograd), not 64"),
     "--fuse-16": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 16,
                   "q/k/v and gate/up as one stacked matmul only up to 16 rows (the GEMV's), not 64"),
 }  # fmt: skip

@@ -36,6 +36,7 @@ from .linear import (
     int4_linear_dx,
     kernels_available,
     linear,
+    prefill_linear,
 )
 from .logsumexp import logsumexp
 from .lora import lora_add, lora_add_many
@@ -64,6 +65,7 @@ __all__ = [
     "dequantize",
     "grouped_dequant_linear",
     "grouped_prefill_linear",
+    "prefill_linear",
     "grouped_dequant_linear_dx",
     "grouped_dequant_lora",
     "grouped_dequant_swiglu",

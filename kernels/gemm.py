@@ -212,8 +212,9 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         return out.zero_().reshape(*lead, p)
     if (config is None and not dx and configs.WGMMA_INT4 and fast_int4(w, a.dtype) and not is_batch_invariant()
             and wgmma_supports(a2, w)):
-        # 9-64 rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA added after it. At 9-16
-        # rows it beats the decode GEMV below even with the GEMV's LoRA in its launch (bench/RESULTS.md, thirteenth).
+        # 9 to wgmma_int4.MAX_ROWS rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA
+        # added after it. At 9-16 rows it beats the decode GEMV below even with the GEMV's LoRA in its launch
+        # (bench/RESULTS.md, thirteenth session); past 64, the tile kernel and dequantize + cuBLAS (sixteenth).
         out = wgmma_int4(a2, w, out, lambda n: _tickets(a.device, n))
         if lora is not None:
             out = lora_add_many(out, a2, *lora)

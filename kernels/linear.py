@@ -44,6 +44,18 @@ def dequant_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tenso
     return dense_gemm(x, resolve(fmt, packed, stacked=False, **fmt_kw), dx=False, config=config, lora=lora)
 
 
+def prefill_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], **fmt_kw) -> Tensor | None:
+    """dequant_linear for more rows than the decode batches (quant.dispatch.FUSED_MAX_ROWS): the rollout's large
+    decode batches and short prefills, where the warpgroup-MMA kernel serves (int4 on bf16, Hopper, up to
+    wgmma_int4.MAX_ROWS rows, where it measured faster than dequantizing for cuBLAS; outside batch-invariant mode),
+    reading only the packed bytes; None elsewhere, for the caller's path. x: [..., K] -> [..., N]."""
+    w = resolve(fmt, packed, stacked=False, **fmt_kw)
+    x2 = x.reshape(-1, x.shape[-1])
+    if not configs.WGMMA_INT4 or is_batch_invariant() or not fast_int4(w, x.dtype) or not wgmma_int4.supports(x2, w):
+        return None
+    return dense_gemm(x, w, dx=False)
+
+
 def dequant_linear_dx(dy: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tensor], *,
                       config: TileConfig | None = None, **fmt_kw) -> Tensor:
     """dx = dy @ W (gradient w.r.t. the input only). dy: [..., N] -> dx [..., K] in dy.dtype."""

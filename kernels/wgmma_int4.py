@@ -344,8 +344,8 @@ def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, n_lo, split, m_lo, m_end,
 # global memory into registers, group 32 measured 1.35 / 1.29 / 1.16x bf16 at M = 16 / 32 / 64, with the ring 1.59 /
 # 1.49 / 1.33 (group 128, one scale per step, was unchanged). Slower: 128 rows per program, 64 of K per step, 3 or 6
 # stages, separate weight and activation rings. 128 rows by 128 of K at M = 128 returned wrong values on the GPU
-# (not understood; M = 65-128 stays on the tile kernel).
-BLOCK_N, BLOCK_K, STAGES, MAX_ROWS = 64, 128, 4, 64
+# (twelfth session, not understood); the tiles past 64 rows (ROW_TILES) step 64 of K.
+BLOCK_N, BLOCK_K, STAGES = 64, 128, 4
 PROGRAMS_PER_SM = 2  # K splits until the grid holds about this many programs per SM
 SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them
 
@@ -358,12 +358,14 @@ def max_registers(bm: int, group: int) -> int:
 
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
-    """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups of 32 or 128, the compiled and tested ones)
-    on bf16 x of 9-64 rows, on an sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of the rows and
-    bases of x, the words and the scales (scale rows of whole 8-group boxes: K a multiple of 8 groups)."""
+    """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups of 32 or 128, the compiled and tested ones,
+    and at least a group of K per step: pick_tile's tile for the rows) on bf16 x of MIN_ROWS to MAX_ROWS rows, on an
+    sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of the rows and bases of x, the words and the
+    scales (scale rows of whole 8-group boxes: K a multiple of 8 groups)."""
     m = x.shape[0] if x.dim() == 2 else 0
     return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.fmt.code == INT4
-            and w.experts is None and w.group in (32, 128) and w.k % (SCALE_CHUNK.value * w.group) == 0
+            and w.experts is None and w.group in (32, 128) and pick_tile(m).bk >= w.group
+            and w.k % (SCALE_CHUNK.value * w.group) == 0
             and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.stride(0) >= w.k and x.data_ptr() % 16 == 0
             and w.values.stride(1) == 1 and w.values.stride(0) % 4 == 0 and w.values.data_ptr() % 16 == 0
             and w.scale.dtype == torch.bfloat16 and w.scale.stride(1) == 1 and w.scale.stride(0) % 8 == 0
@@ -414,6 +416,18 @@ TRAIN = Tile(warps=8, bm=256, bk=64, stages=3, regs=168, halves=True, parts=2)
 # With parts = 2 the MMA warpgroups and the loader's (padded) warpgroup share 384 threads x 168 registers; setmaxnreg
 # gives each MMA partition 240 and the loader 24 (at 168 each, ptxas spilled inside the loop).
 PART_REGS = 240
+# The rollout's larger decode batches and short prefills, 65 rows up (PROVISIONAL, to be set by bench/wgmma_sweep.py
+# --tiles): one warpgroup on 128 activation rows per program (wgmma n128, 64 of K per step), the K range split as the
+# decode tile's is; then TRAIN's 256 rows, K split. Above MAX_ROWS, quant.dispatch dequantizes for cuBLAS.
+MID = Tile(warps=4, bm=128, bk=64, stages=4, regs=168)
+LARGE = Tile(warps=8, bm=256, bk=64, stages=3, regs=168)
+ROW_TILES = ((64, DECODE), (256, MID), (1024, LARGE))  # (most rows, tile)
+MAX_ROWS = ROW_TILES[-1][0]
+
+
+def pick_tile(m: int) -> Tile:
+    """The tile for M rows (ROW_TILES; the last one past MAX_ROWS, which only a direct call reaches)."""
+    return next((tile for bound, tile in ROW_TILES if m <= bound), ROW_TILES[-1][1])
 
 
 def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, cnt: Tensor, offsets: Tensor,
@@ -432,11 +446,12 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
-def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor], tile: Tile = DECODE
+def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor], tile: Tile | None = None
                ) -> Tensor:
-    """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`; out: [M, N] contiguous;
-    tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
+    """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`, with `tile` (None: pick_tile's for
+    M); out: [M, N] contiguous; tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
     m, k = x.shape
+    tile = tile or pick_tile(m)
     bm = tile.bm or max(16, triton.next_power_of_2(m))
     n_tiles, m_tiles = triton.cdiv(w.n, 16 * tile.warps), triton.cdiv(m, bm)
     chunk = SCALE_CHUNK.value * w.group  # splits take whole scale chunks

@@ -44,6 +44,8 @@ halves = dataclasses.replace(wg.TRAIN, halves=False, parts=1)
 variants += [("train-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, False),
              ("grouped-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, True),
              ("grouped-g32-other-halves", halves, halves.bm, 32, False, True)]
+variants += [(f"rows{bound}-g32-split{int(split)}", tile, tile.bm, 32, split, False)
+             for bound, tile in wg.ROW_TILES if tile.bm for split in (False, True)]
 other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one partition of MMA warps, or two)
 variants += [("train-g32-other-parts", other_parts, other_parts.bm, 32, False, False),
              ("grouped-g32-other-parts", other_parts, other_parts.bm, 32, False, True)]
@@ -95,8 +97,9 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     register cap (max_registers at launch), and multiplies with wgmma on TMA-loaded tiles."""
     report = _report()
     decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
-    assert set(report) == decode | {"train-g32", "grouped-g32", "grouped-g32-other-halves", "train-g32-other-parts",
-                                    "grouped-g32-other-parts"}
+    rows = {f"rows{bound}-g32-split{s}" for bound, tile in kernels.wgmma_int4.ROW_TILES if tile.bm for s in (0, 1)}
+    assert set(report) == decode | rows | {"train-g32", "grouped-g32", "grouped-g32-other-halves",
+                                           "train-g32-other-parts", "grouped-g32-other-parts"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
@@ -316,3 +319,82 @@ def test_grouped_training_tile_meets_each_experts_reference(variant):
     wg.wgmma_int4_grouped(torch.cat(rows), chunk_offsets, w, out_chunk, _train_tile(variant),
                           ids=chunk)
     assert torch.equal(out_chunk, torch.cat([out[offsets[e] : offsets[e + 1]] for e in chunk.tolist()]))
+
+
+def test_row_tiles_cover_every_row_count_in_order():
+    """ROW_TILES hands each row count from MIN_ROWS to MAX_ROWS one tile, bounds rising, the decode tile (one M tile of
+    M rounded up) first; every tile past it has a fixed row tile and steps a whole group of 32 per K step."""
+    from orbit_lightning.kernels import wgmma_int4 as wg
+
+    bounds = [bound for bound, _ in wg.ROW_TILES]
+    assert bounds == sorted(bounds) and bounds[0] == 64 and wg.MAX_ROWS == bounds[-1]
+    assert wg.pick_tile(wg.MIN_ROWS) is wg.DECODE and wg.pick_tile(64) is wg.DECODE
+    for (lo, _), (hi, tile) in zip(wg.ROW_TILES, wg.ROW_TILES[1:]):
+        assert wg.pick_tile(lo + 1) is tile and wg.pick_tile(hi) is tile
+        assert tile.bm >= 64 and tile.bk % 32 == 0
+
+
+# Rows past the decode tile (wgmma_int4.ROW_TILES): (format, N, K, M). The smallest count past 64 on a partial row
+# tile with N off the weight tile and K in 5 scale chunks; two row tiles; the boundaries of each tile's range (and
+# for the 256-row tile three row tiles, the last partial, on a tall matrix).
+MID_CASES = [("int4", 320, 1280, 65), ("int4", 4096, 4096, 200), ("int4", 2048, 4096, 256), ("int4", 200, 2048, 257),
+             ("int4", 9216, 4096, 600), ("int4", 4096, 2048, 1024)]
+
+
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+@pytest.mark.parametrize("fmt,n,k,m", MID_CASES)
+def test_rows_past_the_decode_tile_meet_the_bf16_weights_bound(fmt, n, k, m, monkeypatch):
+    """What the model's matmul (quant.dispatch.dequant_matmul, through kernels.prefill_linear) runs for 65 to MAX_ROWS
+    rows: the kernel at pick_tile's tile, within the bound against the decoded bf16 weights, bitwise on repeat (the
+    split partials are summed in a fixed order); nothing past M or N is written."""
+    from orbit_lightning.kernels import wgmma_int4 as wg
+    from orbit_lightning.kernels.gemm import _tickets
+
+    from orbit_lightning.quant.dispatch import dequant_matmul
+    from orbit_lightning.quant.linear import QuantLinear
+
+    assert 64 < m <= wg.MAX_ROWS
+    calls = _spy(monkeypatch)
+    layer = QuantLinear(k, n, fmt, dtype=torch.bfloat16).cuda()
+    layer.random_init(torch.Generator("cuda").manual_seed(n + m))
+    x = torch.randn(m, k, generator=torch.Generator("cuda").manual_seed(m), device="cuda").bfloat16()
+    with torch.no_grad():
+        y = dequant_matmul(x, layer)
+        assert torch.equal(dequant_matmul(x, layer), y)
+    assert calls == [(m, k)] * 2
+    wb = layer.dequantize(torch.bfloat16).double()
+    ref_b = x.double() @ wb.T
+    assert_within(y, ref_b, _bf16_weight_bound(x, wb, ref_b))
+    out = torch.full((m + 8, n + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
+    pw = kernels.formats.resolve(fmt, layer.packed(), stacked=False)
+    wg.wgmma_int4(x, pw, out[:m, :n], lambda c: _tickets(x.device, c))
+    assert torch.equal(out[:m, :n], y) and out[m:].isnan().all() and out[:, n:].isnan().all()
+
+
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+def test_rows_the_kernel_does_not_take_dequantize_for_cublas(monkeypatch):
+    """Past MAX_ROWS, group 128 past 64 rows (the wider tiles step 64 of K, under a group), fp16 activations and
+    batch-invariant mode, the model's matmul keeps its other paths and still meets the fp64 bound."""
+    from orbit_lightning.kernels import wgmma_int4 as wg
+
+    from orbit_lightning.quant.dispatch import dequant_matmul
+    from orbit_lightning.quant.linear import QuantLinear
+
+    calls = _spy(monkeypatch)
+    gen = torch.Generator("cuda").manual_seed(3)
+    for fmt, m, dtype in (("int4", wg.MAX_ROWS + 1, torch.bfloat16), ("int4-g128", 100, torch.bfloat16),
+                          ("int4", 100, torch.float16)):
+        layer = QuantLinear(1024, 256, fmt, dtype=dtype).cuda()
+        layer.random_init(gen)
+        x = torch.randn(m, 1024, generator=gen, device="cuda").to(dtype)
+        w = layer.dequantize(torch.float64)
+        ref = x.double() @ w.T
+        with torch.no_grad():
+            assert_within(dequant_matmul(x, layer), ref, matmul_bound(x, w, ref, 2.0**-8))
+    layer = QuantLinear(1024, 256, "int4").cuda()
+    layer.random_init(gen)
+    with kernels.batch_invariant(), torch.no_grad():
+        dequant_matmul(torch.randn(100, 1024, generator=gen, device="cuda").bfloat16(), layer)
+    assert calls == []

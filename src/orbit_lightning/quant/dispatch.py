@@ -3,8 +3,10 @@
 On CUDA, with the Triton kernels (`orbit_lightning.kernels`) supporting the format:
 - few rows (decode, M <= FUSED_MAX_ROWS) or batch-invariant mode: the fused dequant-GEMM, which reads only the
   packed bytes and never writes a BF16 weight;
+- more rows, up to the warpgroup-MMA kernels' reach (int4 on Hopper: the rollout's large decode batches, short
+  prefills; MoE chunks of a few hundred rows per expert): those kernels, which also read only the packed bytes;
 - many rows (prefill, training): the kernels' dequantizer writes the weight (or the chunk of experts) once in
-  BF16, cuBLAS / grouped GEMM runs, and the tile is freed. On the H200 this beat the fused kernel from M ~ 128
+  BF16, cuBLAS / grouped GEMM runs, and the tile is freed. On the H200 this beat the fused tile kernel from M ~ 128
   (bench/RESULTS.md); the transient is one weight or one expert chunk, as the design bounds it.
 Elsewhere (CPU): the pure-torch reference dequantizer, then matmul.
 """
@@ -74,7 +76,9 @@ def dequant_matmul(x: Tensor, layer, lora=None) -> Tensor:
         if lora is not None:
             raise ValueError(f"LoRA deltas ride only in the decode kernels' matmul, not with {x2.shape[0]} rows "
                              f"on {x.device}")  # fmt: skip
-        y = x2 @ _dense_weight(layer, x.dtype, k).t()
+        y = k.prefill_linear(x2, layer.fmt, layer.packed()) if k is not None and x2.is_cuda else None
+        if y is None:
+            y = x2 @ _dense_weight(layer, x.dtype, k).t()
     return y.view(*x.shape[:-1], layer.out_features)
 
 
