@@ -39,6 +39,7 @@ TILES = {
     "w128k128": wg.Tile(warps=4, bm=128, bk=128, stages=3, regs=168),
     "t128": wg.Tile(warps=8, bm=128, bk=64, stages=4, regs=168, halves=True, parts=2),  # two warpgroups, no split
     "t128s": wg.Tile(warps=8, bm=128, bk=64, stages=4, regs=168),  # two warpgroups in lockstep, K split
+    "t64": wg.Tile(warps=8, bm=64, bk=64, stages=4, regs=168, halves=True, parts=2),  # two warpgroups on 64 rows
     "train": wg.TRAIN,
     "train-s": dataclasses.replace(wg.TRAIN, halves=False, parts=1),  # 256 rows, K split
 }
@@ -47,13 +48,14 @@ TILES = {
 def direct(x, pw, n: int, regs: int | None, programs: int, tile: wg.Tile | None = None) -> torch.Tensor:
     """The wgmma kernel on x (bypassing the dispatch) with `tile` (None: the shipped choice for x's rows) at `regs`
     registers per thread (None: the tile's or the shipped choice) and `programs` per SM."""
+    tile = tile or wg.pick_tile(x.shape[0], n, torch.cuda.get_device_properties(x.device).multi_processor_count)
     if regs is not None:
         wg.max_registers = lambda bm, group: regs
-        tile = dataclasses.replace(tile or wg.pick_tile(x.shape[0]), regs=0)
+        tile = dataclasses.replace(tile, regs=0)
     wg.PROGRAMS_PER_SM, wg.MIN_ROWS, wg.MAX_ROWS = programs, 1, 1 << 30
     out = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda")
     try:
-        return wg.wgmma_int4(x, pw, out, lambda c: _tickets(x.device, c), tile or wg.pick_tile(x.shape[0]))
+        return wg.wgmma_int4(x, pw, out, lambda c: _tickets(x.device, c), tile)
     finally:
         wg.max_registers, wg.PROGRAMS_PER_SM, wg.MIN_ROWS, wg.MAX_ROWS = SHIPPED
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -364,7 +364,7 @@ def supports(x: Tensor, w: PackedWeight) -> bool:
     scales (scale rows of whole 8-group boxes: K a multiple of 8 groups)."""
     m = x.shape[0] if x.dim() == 2 else 0
     return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.fmt.code == INT4
-            and w.experts is None and w.group in (32, 128) and pick_tile(m).bk >= w.group
+            and w.experts is None and w.group in (32, 128) and pick_tile(m, w.n, sm_count(x.device)).bk >= w.group
             and w.k % (SCALE_CHUNK.value * w.group) == 0
             and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.stride(0) >= w.k and x.data_ptr() % 16 == 0
             and w.values.stride(1) == 1 and w.values.stride(0) % 4 == 0 and w.values.data_ptr() % 16 == 0
@@ -416,18 +416,31 @@ TRAIN = Tile(warps=8, bm=256, bk=64, stages=3, regs=168, halves=True, parts=2)
 # With parts = 2 the MMA warpgroups and the loader's (padded) warpgroup share 384 threads x 168 registers; setmaxnreg
 # gives each MMA partition 240 and the loader 24 (at 168 each, ptxas spilled inside the loop).
 PART_REGS = 240
-# The rollout's larger decode batches and short prefills, 65 rows up (PROVISIONAL, to be set by bench/wgmma_sweep.py
-# --tiles): one warpgroup on 128 activation rows per program (wgmma n128, 64 of K per step), the K range split as the
-# decode tile's is; then TRAIN's 256 rows, K split. Above MAX_ROWS, quant.dispatch dequantizes for cuBLAS.
-MID = Tile(warps=4, bm=128, bk=64, stages=4, regs=168)
-LARGE = Tile(warps=8, bm=256, bk=64, stages=3, regs=168)
-ROW_TILES = ((64, DECODE), (256, MID), (1024, LARGE))  # (most rows, tile)
-MAX_ROWS = ROW_TILES[-1][0]
+# The rollout's larger decode batches and short prefills, 65 to MAX_ROWS rows (bench/RESULTS.md, sixteenth session;
+# H200, 12 dense shapes at M = 128-2048, `bench/wgmma_sweep.py --tiles`): the widest tile whose grid still gives about
+# WIDE_PROGRAMS_PER_SM programs per SM (no K split: each program owns its outputs), else the decode tile over 64-row
+# activation tiles with the K range split. 256 and 128 rows per program as two independent warpgroups (TRAIN, WIDE)
+# led where N is large (Qwen3-8B gate_up at 256 rows: 104-106 us against 126 for 64-row tiles), 64-row tiles where
+# it is not (the o projections, N = 2048-4096: 19-23 against 34-35 us). One warpgroup on 128 rows (4 warps, wgmma
+# n128, K split) lost to both everywhere. Past 512 rows dequantize + cuBLAS measured as fast or faster.
+WIDE = Tile(warps=8, bm=128, bk=64, stages=4, regs=168, halves=True, parts=2)
+ROWS = replace(DECODE, bm=64)
+WIDE_TILES = (TRAIN, WIDE)  # widest first
+WIDE_PROGRAMS_PER_SM = 0.55
+DECODE_ROWS, MAX_ROWS = 64, 512
 
 
-def pick_tile(m: int) -> Tile:
-    """The tile for M rows (ROW_TILES; the last one past MAX_ROWS, which only a direct call reaches)."""
-    return next((tile for bound, tile in ROW_TILES if m <= bound), ROW_TILES[-1][1])
+def pick_tile(m: int, n: int, sms: int) -> Tile:
+    """The tile for M rows of an N-row weight on `sms` SMs: DECODE (one M tile of M rounded up) to DECODE_ROWS, then
+    the widest of WIDE_TILES whose row tile M fills (bm <= M rounded up to a power of two) and whose grid has at least
+    WIDE_PROGRAMS_PER_SM programs per SM, else ROWS (64-row tiles, K split)."""
+    if m <= DECODE_ROWS:
+        return DECODE
+    for tile in WIDE_TILES:
+        programs = triton.cdiv(n, 16 * tile.warps) * triton.cdiv(m, tile.bm)
+        if tile.bm <= triton.next_power_of_2(m) and programs >= WIDE_PROGRAMS_PER_SM * sms:
+            return tile
+    return ROWS
 
 
 def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, cnt: Tensor, offsets: Tensor,
@@ -448,10 +461,10 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
 
 def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor], tile: Tile | None = None
                ) -> Tensor:
-    """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`, with `tile` (None: pick_tile's for
-    M); out: [M, N] contiguous; tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
+    """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`, with `tile` (None: pick_tile's);
+    out: [M, N] contiguous; tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
     m, k = x.shape
-    tile = tile or pick_tile(m)
+    tile = tile or pick_tile(m, w.n, sm_count(x.device))
     bm = tile.bm or max(16, triton.next_power_of_2(m))
     n_tiles, m_tiles = triton.cdiv(w.n, 16 * tile.warps), triton.cdiv(m, bm)
     chunk = SCALE_CHUNK.value * w.group  # splits take whole scale chunks

@@ -44,8 +44,8 @@ halves = dataclasses.replace(wg.TRAIN, halves=False, parts=1)
 variants += [("train-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, False),
              ("grouped-g32", wg.TRAIN, wg.TRAIN.bm, 32, False, True),
              ("grouped-g32-other-halves", halves, halves.bm, 32, False, True)]
-variants += [(f"rows{bound}-g32-split{int(split)}", tile, tile.bm, 32, split, False)
-             for bound, tile in wg.ROW_TILES if tile.bm for split in (False, True)]
+variants += [(f"rows-{name}-g32", tile, tile.bm, 32, tile is wg.ROWS, False)
+             for name, tile in (("rows", wg.ROWS), ("wide", wg.WIDE))]
 other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one partition of MMA warps, or two)
 variants += [("train-g32-other-parts", other_parts, other_parts.bm, 32, False, False),
              ("grouped-g32-other-parts", other_parts, other_parts.bm, 32, False, True)]
@@ -97,9 +97,8 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     register cap (max_registers at launch), and multiplies with wgmma on TMA-loaded tiles."""
     report = _report()
     decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
-    rows = {f"rows{bound}-g32-split{s}" for bound, tile in kernels.wgmma_int4.ROW_TILES if tile.bm for s in (0, 1)}
-    assert set(report) == decode | rows | {"train-g32", "grouped-g32", "grouped-g32-other-halves",
-                                           "train-g32-other-parts", "grouped-g32-other-parts"}
+    assert set(report) == decode | {"rows-rows-g32", "rows-wide-g32", "train-g32", "grouped-g32",
+                                    "grouped-g32-other-halves", "train-g32-other-parts", "grouped-g32-other-parts"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
@@ -321,24 +320,30 @@ def test_grouped_training_tile_meets_each_experts_reference(variant):
     assert torch.equal(out_chunk, torch.cat([out[offsets[e] : offsets[e + 1]] for e in chunk.tolist()]))
 
 
-def test_row_tiles_cover_every_row_count_in_order():
-    """ROW_TILES hands each row count from MIN_ROWS to MAX_ROWS one tile, bounds rising, the decode tile (one M tile of
-    M rounded up) first; every tile past it has a fixed row tile and steps a whole group of 32 per K step."""
+def test_row_counts_past_the_decode_tile_take_the_widest_tile_that_fills_the_gpu():
+    """pick_tile: the decode tile to 64 rows; past it the widest of WIDE_TILES whose row tile the rows fill and whose
+    grid gives WIDE_PROGRAMS_PER_SM programs per SM; else 64-row tiles (which split K). Every tile past the decode
+    tile steps a whole group of 32 per K step; only those stepping 128 of K take group 128 (supports)."""
     from orbit_lightning.kernels import wgmma_int4 as wg
 
-    bounds = [bound for bound, _ in wg.ROW_TILES]
-    assert bounds == sorted(bounds) and bounds[0] == 64 and wg.MAX_ROWS == bounds[-1]
-    assert wg.pick_tile(wg.MIN_ROWS) is wg.DECODE and wg.pick_tile(64) is wg.DECODE
-    for (lo, _), (hi, tile) in zip(wg.ROW_TILES, wg.ROW_TILES[1:]):
-        assert wg.pick_tile(lo + 1) is tile and wg.pick_tile(hi) is tile
+    sms = 132
+    assert wg.pick_tile(wg.MIN_ROWS, 4096, sms) is wg.DECODE and wg.pick_tile(64, 4096, sms) is wg.DECODE
+    # Qwen3-8B gate_up (N = 24576): 192 weight tiles of 128 rows fill the GPU from 65 rows (WIDE), 256-row tiles
+    # from 129 (TRAIN); its o projection (N = 4096): 32 weight tiles, 64 with two row tiles: 64-row tiles (ROWS) to 256
+    # rows, WIDE from 257 (four row tiles, 128 programs), TRAIN never below 512 (two, 64).
+    assert [wg.pick_tile(m, 24576, sms) for m in (65, 128, 129, 512)] == [wg.WIDE, wg.WIDE, wg.TRAIN, wg.TRAIN]
+    assert [wg.pick_tile(m, 4096, sms) for m in (65, 256, 257, 512)] == [wg.ROWS, wg.ROWS, wg.WIDE, wg.WIDE]
+    for tile in (wg.ROWS, *wg.WIDE_TILES):
         assert tile.bm >= 64 and tile.bk % 32 == 0
 
 
-# Rows past the decode tile (wgmma_int4.ROW_TILES): (format, N, K, M). The smallest count past 64 on a partial row
-# tile with N off the weight tile and K in 5 scale chunks; two row tiles; the boundaries of each tile's range (and
-# for the 256-row tile three row tiles, the last partial, on a tall matrix).
+# Rows past the decode tile (wgmma_int4.pick_tile): (format, N, K, M). On 64-row tiles (ROWS): the smallest count past
+# 64 on a partial row tile with N off the weight tile and K in 5 scale chunks, four row tiles, 256 rows, N off the
+# 128-row tile, group 128; on WIDE (tall matrices): a partial second half; on TRAIN: two row tiles, the second partial,
+# twice; the most rows (WIDE, four row tiles).
 MID_CASES = [("int4", 320, 1280, 65), ("int4", 4096, 4096, 200), ("int4", 2048, 4096, 256), ("int4", 200, 2048, 257),
-             ("int4", 9216, 4096, 600), ("int4", 4096, 2048, 1024)]
+             ("int4-g128", 4096, 1024, 100), ("int4", 24576, 1024, 100), ("int4", 24576, 2048, 300),
+             ("int4", 9216, 4096, 500), ("int4", 4096, 2048, 512)]
 
 
 @gpu
@@ -375,8 +380,8 @@ def test_rows_past_the_decode_tile_meet_the_bf16_weights_bound(fmt, n, k, m, mon
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
 def test_rows_the_kernel_does_not_take_dequantize_for_cublas(monkeypatch):
-    """Past MAX_ROWS, group 128 past 64 rows (the wider tiles step 64 of K, under a group), fp16 activations and
-    batch-invariant mode, the model's matmul keeps its other paths and still meets the fp64 bound."""
+    """Past MAX_ROWS, group 128 on the wide tiles (they step 64 of K, under a group), fp16 activations and
+    batch-invariant mode: the model's matmul keeps its other paths and still meets the fp64 bound."""
     from orbit_lightning.kernels import wgmma_int4 as wg
 
     from orbit_lightning.quant.dispatch import dequant_matmul
@@ -384,9 +389,10 @@ def test_rows_the_kernel_does_not_take_dequantize_for_cublas(monkeypatch):
 
     calls = _spy(monkeypatch)
     gen = torch.Generator("cuda").manual_seed(3)
-    for fmt, m, dtype in (("int4", wg.MAX_ROWS + 1, torch.bfloat16), ("int4-g128", 100, torch.bfloat16),
-                          ("int4", 100, torch.float16)):
-        layer = QuantLinear(1024, 256, fmt, dtype=dtype).cuda()
+    for fmt, n, m, dtype in (("int4", 256, wg.MAX_ROWS + 1, torch.bfloat16), ("int4-g128", 24576, 100, torch.bfloat16),
+                             ("int4", 256, 100, torch.float16)):
+        assert fmt == "int4" or wg.pick_tile(m, n, 132).bk < 128  # (WIDE: 64 of K per step)
+        layer = QuantLinear(1024, n, fmt, dtype=dtype).cuda()
         layer.random_init(gen)
         x = torch.randn(m, 1024, generator=gen, device="cuda").to(dtype)
         w = layer.dequantize(torch.float64)
