@@ -239,13 +239,15 @@ def test_decode_rows_with_lora_meet_the_oracle_and_repeat_bitwise(m, monkeypatch
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
 def test_other_rows_layouts_and_modes_keep_their_kernels(monkeypatch):
-    """8 rows (a decode GEMV), 65 (the tile kernel), fp16 activations, rows off TMA's 16-byte alignment, K not in whole
-    scale chunks (1536 of group 128: DeepSeek-V3's q_b), the switch off and batch-invariant mode do not reach it, and
-    still meet the bound."""
+    """8 rows (a decode GEMV), one past MAX_ROWS (the tile kernel), fp16 activations, rows off TMA's 16-byte alignment,
+    K not in whole scale chunks (1536 of group 128: DeepSeek-V3's q_b), the switch off and batch-invariant mode do not
+    reach it, and still meet the bound."""
+    from orbit_lightning.kernels.wgmma_int4 import MAX_ROWS
+
     calls = _spy(monkeypatch)
     packed, w = random_weight("int4", (256, 1024), seed=7, device="cuda")
-    x = torch.randn(80, 1032, generator=torch.Generator("cuda").manual_seed(8), device="cuda").bfloat16()
-    cases = [x[:8, :1024], x[:65, :1024], x[:32, :1024].half(), x[:32, 1:1025]]
+    x = torch.randn(MAX_ROWS + 1, 1032, generator=torch.Generator("cuda").manual_seed(8), device="cuda").bfloat16()
+    cases = [x[:8, :1024], x[:, :1024], x[:32, :1024].half(), x[:32, 1:1025]]
     for xs in cases:
         ref = xs.double() @ w.T
         assert_within(kernels.dequant_linear(xs, "int4", packed), ref, matmul_bound(xs, w, ref, 2.0**-8))
