@@ -23,17 +23,18 @@ SWITCHES = {
     "--unfused-swiglu": ("orbit_lightning.kernels.configs", "GROUPED_MMA_SWIGLU", False,
                          "MoE decode: gate, up and SiLU-mul in three launches, not one (grouped_dequant_swiglu)"),
     "--no-wgmma": ("orbit_lightning.kernels.configs", "WGMMA_INT4", False,
-                   "every warpgroup-MMA kernel off: dense int4 at 9-64 rows through the decode GEMV / tile kernel, MoE "
-                   "prefill and dX through dequantize + grouped GEMM"),
+                   "every warpgroup-MMA kernel off: dense int4 at 9-512 rows through the decode GEMV / tile kernel / "
+                   "dequantize + cuBLAS, MoE prefill and dX through dequantize + grouped GEMM"),
     "--no-wgmma-grouped": ("orbit_lightning.kernels.configs", "WGMMA_GROUPED_MAX_ROWS", 0,
                            "MoE prefill/training forward: dequantize + torch's grouped GEMM, not wgmma_int4_grouped"),
     "--no-wgmma-dx": ("orbit_lightning.kernels.configs", "WGMMA_GROUPED_DX_MAX_ROWS", 0,
                       "MoE training dX: dequantize + torch's grouped GEMM, not kernels/wgmma_int4_dx.py"),
     "--no-wgmma-rows": ("orbit_lightning.kernels.wgmma_int4", "MAX_ROWS", 64,
                         "dense int4 past 64 rows: dequantize + cuBLAS (and the tile kernel), not wgmma_int4's wider "
-                        "tiles (ROW_TILES)"),
+                        "tiles (pick_tile)"),
     "--fuse-wide": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 1024,
-                    "candidate: q/k/v and gate/up as one stacked matmul up to 1024 rows (no autograd), not 64"),
+                    "candidate: q/k/v and gate/up as one stacked matmul up to 1024 rows (no autograd), not 64 "
+                    "(qwen3-8b, batch 128 / 256: within noise, sixteenth session)"),
     "--fuse-16": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 16,
                   "q/k/v and gate/up as one stacked matmul only up to 16 rows (the GEMV's), not 64"),
 }  # fmt: skip

@@ -267,8 +267,9 @@ def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
 # Decode int4 with the packed-bf16 PTX path when activations are bf16 (see dequant.py); set False to
 # force the generic fp32 decoder, e.g. to compare the two bit for bit.
 FAST_INT4 = True
-# int4 on bf16 at 9-64 rows on Hopper: the warpgroup-MMA kernel (wgmma_int4.py) instead of the decode GEMV (9-16) and
-# the tile kernel (17-64); set False to compare (bench/rollout.py --no-wgmma).
+# int4 on bf16 at 9 to wgmma_int4.MAX_ROWS rows on Hopper: the warpgroup-MMA kernel (wgmma_int4.py) instead of the
+# decode GEMV (9-16), the tile kernel (17-64) and dequantize + cuBLAS (65 up); set False to compare (bench/rollout.py
+# --no-wgmma; --no-wgmma-rows keeps it to 64 rows).
 WGMMA_INT4 = True
 # MoE prefill and training, int4 g32 on bf16 on Hopper: chunks of experts (their sizes read on the host) averaging at
 # most this many rows per expert run the grouped warpgroup-MMA kernel (wgmma_int4_grouped, which reads only the packed

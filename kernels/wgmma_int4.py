@@ -1,4 +1,4 @@
-"""int4 x bf16 GEMM on Hopper's warpgroup MMA (written in Gluon) for the rollout's decode batches: 9-64 rows.
+"""int4 x bf16 GEMM on Hopper's warpgroup MMA (written in Gluon) for the rollout's decode batches: 9-512 rows.
 
 Why a third dense kernel: at 9-64 rows the GEMM is still bound by the weight bytes, where int4 should be up to 4x
 faster than bf16; yet Triton's tile kernel (gemm.py) decodes its weight tile in a blocked layout, moves it to the
@@ -6,7 +6,8 @@ MMA operand layout through shared memory, and lost to cuBLAS on a bf16 weight fo
 bench/RESULTS.md). Gluon fixes every layout by hand:
 
 - Swapped product, out^T [N, M] = W [N, K] x^T: the weight is wgmma's A operand, which lives in registers; the
-  activations are B, read from shared memory. M is wgmma's N side (tiles of 16, 32 or 64 rows).
+  activations are B, read from shared memory. M is wgmma's N side (tiles of 16, 32 or 64 rows; past 64 rows,
+  pick_tile's wider tiles).
 - Warp-specialized: one loader warp fills a STAGES-deep ring with each K step's activations and packed words by
   TMA (rows past M, N or K read zeros: a zero word past K decodes to -8 times its scale, but meets zero
   activations); the four MMA warps take the words from shared memory straight into the operand's layout. A k16
@@ -344,7 +345,8 @@ def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, n_lo, split, m_lo, m_end,
 # global memory into registers, group 32 measured 1.35 / 1.29 / 1.16x bf16 at M = 16 / 32 / 64, with the ring 1.59 /
 # 1.49 / 1.33 (group 128, one scale per step, was unchanged). Slower: 128 rows per program, 64 of K per step, 3 or 6
 # stages, separate weight and activation rings. 128 rows by 128 of K at M = 128 returned wrong values on the GPU
-# (twelfth session, not understood); the tiles past 64 rows (ROW_TILES) step 64 of K.
+# (twelfth session, not understood; the sixteenth's sweep ran that tile at 168 registers correctly, and slower than
+# pick_tile's).
 BLOCK_N, BLOCK_K, STAGES = 64, 128, 4
 PROGRAMS_PER_SM = 2  # K splits until the grid holds about this many programs per SM
 SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them

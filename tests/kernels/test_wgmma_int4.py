@@ -1,6 +1,6 @@
 """The warpgroup-MMA int4 GEMM (kernels/wgmma_int4.py): it compiles for sm_90 on any machine (Triton's interpreter
 cannot run Gluon, and the compile is what checks its hand-built layouts: every layout step asserts itself trivial),
-and on an H200 it meets the fp64 oracle's bf16 bound where dense_gemm sends 9-64 rows of int4 on bf16.
+and on an H200 it meets the fp64 oracle's bf16 bound where dense_gemm sends 9-512 rows of int4 on bf16.
 
 The bound is test_gpu.py's: one rounding of each decoded weight, fp32 accumulation and one rounding of the output,
 each within 2^-9 relative; 2^-8 allowed.
