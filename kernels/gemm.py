@@ -189,6 +189,12 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def wgmma_serves(a2: Tensor, w: PackedWeight) -> bool:
+    """Whether dense_gemm's forward of the rows a2 [M, K] runs wgmma_int4: int4 on bf16 on Hopper, the switch on,
+    outside batch-invariant mode, rows and layouts wgmma_int4.supports."""
+    return configs.WGMMA_INT4 and fast_int4(w, a2.dtype) and not is_batch_invariant() and wgmma_supports(a2, w)
+
+
 def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None = None,
                lora: LoraDelta | None = None) -> Tensor:
     """out = a @ W^T (forward) or a @ W (dx=True), W dequantized in-kernel; plus, for a forward of at most
@@ -210,8 +216,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         return out.reshape(*lead, p)
     if r == 0:
         return out.zero_().reshape(*lead, p)
-    if (config is None and not dx and configs.WGMMA_INT4 and fast_int4(w, a.dtype) and not is_batch_invariant()
-            and wgmma_supports(a2, w)):
+    if config is None and not dx and wgmma_serves(a2, w):
         # 9 to wgmma_int4.MAX_ROWS rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA
         # added after it. At 9-16 rows it beats the decode GEMV below even with the GEMV's LoRA in its launch
         # (bench/RESULTS.md, thirteenth session); past 64, the tile kernel and dequantize + cuBLAS (sixteenth).

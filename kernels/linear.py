@@ -17,7 +17,7 @@ from . import configs, wgmma_int4, wgmma_int4_dx
 from .configs import GemvConfig, TileConfig, capability, pick_grouped_mma
 from .emulate import INTERPRETED
 from .formats import PackedWeight, plain, resolve
-from .gemm import dense_gemm, fast_int4
+from .gemm import dense_gemm, fast_int4, wgmma_serves
 from .gemv_lora import LoraDelta
 from .grouped import check_grouped, grouped_gemm
 from .grouped_lora import ExpertLora
@@ -51,7 +51,7 @@ def prefill_linear(x: Tensor, fmt: str | QuantFormat, packed: Mapping[str, Tenso
     reading only the packed bytes; None elsewhere, for the caller's path. x: [..., K] -> [..., N]."""
     w = resolve(fmt, packed, stacked=False, **fmt_kw)
     x2 = x.reshape(-1, x.shape[-1])
-    if not configs.WGMMA_INT4 or is_batch_invariant() or not fast_int4(w, x.dtype) or not wgmma_int4.supports(x2, w):
+    if not wgmma_serves(x2, w):
         return None
     return dense_gemm(x, w, dx=False)
 
