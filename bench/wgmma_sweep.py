@@ -48,7 +48,7 @@ TILES = {
 def direct(x, pw, n: int, regs: int | None, programs: int, tile: wg.Tile | None = None) -> torch.Tensor:
     """The wgmma kernel on x (bypassing the dispatch) with `tile` (None: the shipped choice for x's rows) at `regs`
     registers per thread (None: the tile's or the shipped choice) and `programs` per SM."""
-    tile = tile or wg.pick_tile(x.shape[0], n, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    tile = tile or wg.pick_tile(x.shape[0], n, configs.sm_count(x.device))
     if regs is not None:
         wg.max_registers = lambda bm, group: regs
         tile = dataclasses.replace(tile, regs=0)

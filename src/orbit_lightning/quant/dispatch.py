@@ -76,7 +76,7 @@ def dequant_matmul(x: Tensor, layer, lora=None) -> Tensor:
         if lora is not None:
             raise ValueError(f"LoRA deltas ride only in the decode kernels' matmul, not with {x2.shape[0]} rows "
                              f"on {x.device}")  # fmt: skip
-        y = k.prefill_linear(x2, layer.fmt, layer.packed()) if k is not None and x2.is_cuda else None
+        y = k.prefill_linear(x2, layer.fmt, layer.packed()) if k is not None else None  # (k here: CUDA only)
         if y is None:
             y = x2 @ _dense_weight(layer, x.dtype, k).t()
     return y.view(*x.shape[:-1], layer.out_features)
