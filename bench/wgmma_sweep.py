@@ -42,6 +42,8 @@ TILES = {
     "t64": wg.Tile(warps=8, bm=64, bk=64, stages=4, regs=168, halves=True, parts=2),  # two warpgroups on 64 rows
     "train": wg.TRAIN,
     "train-s": dataclasses.replace(wg.TRAIN, halves=False, parts=1),  # 256 rows, K split
+    "xo": dataclasses.replace(wg.DECODE, x_order=True),  # the decode tile, activations reordered, whole-word decode
+    "xo64": dataclasses.replace(wg.ROWS, x_order=True),  # the same over 64-row activation tiles, K split
 }
 
 
