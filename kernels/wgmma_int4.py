@@ -160,21 +160,23 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
 
 
 @gluon.jit
-def _x_order_partition(x_smem, ready, ordered, n_steps, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+def _x_order_partition(x_smem, ready, ordered, n_steps, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                       PROBE: gl.constexpr, PW: gl.constexpr):
     """One warp (Tile.x_order): as each step's activations land, reorder every 32 of K in place into the order the
     whole-word decode multiplies (_word_order: position 32b + 8q + 2t + e takes K 32b + 8t + q + 4e), then release
     the step to the MMA warps. The activations are a quarter of the weight work at 16 rows: the reorder is cheaper
     here, once per program, than the byte gather it saves in every MMA thread."""
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 32], threads_per_warp=[8, 4], warps_per_cta=[1, 1],
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 32], threads_per_warp=[8, 4], warps_per_cta=[PW, 1],
                                             order=[1, 0])
     for i in range(n_steps):
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        for r in gl.static_range(0, BM, 8):
-            rows = x_smem.index(slot).slice(r, 8, dim=0)
-            v = gl.reshape(rows.load(layout), [8, BK // 32, 4, 2, 4])  # (row, b, t, e, q): K 32b + 8t + 4e + q
-            v = gl.reshape(gl.permute(v, (0, 1, 4, 2, 3)), [8, BK])  # (row, b, q, t, e)
-            rows.store(gl.convert_layout(v, layout))
+        if PROBE != 2:
+            for r in gl.static_range(0, BM, 8 * PW):
+                rows = x_smem.index(slot).slice(r, 8 * PW, dim=0)
+                v = gl.reshape(rows.load(layout), [8 * PW, BK // 32, 4, 2, 4])  # (row, b, t, e, q): K 32b+8t+4e+q
+                v = gl.reshape(gl.permute(v, (0, 1, 4, 2, 3)), [8 * PW, BK])  # (row, b, q, t, e)
+                rows.store(gl.convert_layout(v, layout))
         fence_async_shared()  # (generic stores, read next by wgmma through the async proxy)
         mbarrier.arrive(ordered.index(slot))
 
@@ -223,7 +225,8 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, order
                                       l3b, gl.SliceLayout(2, wb3))
                 words = gl.reshape(w_tile.load(_block_word_load_layout(BN, BK, num_warps)), [BN, BK // 32, 4])
                 words = gl.convert_layout(words, wb3, assert_trivial=True)
-                mbarrier.wait(ordered.index(slot), (i // STAGES) & 1)
+                if X_ORDER != 3:
+                    mbarrier.wait(ordered.index(slot), (i // STAGES) & 1)
                 o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
                     _INT4_BF16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, scales], dtype=(gl.bfloat16,) * 8,
                     is_pure=True, pack=1)
@@ -301,7 +304,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, X_ORDER: gl.constexpr, num_warps: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, X_ORDER: gl.constexpr, X_WARPS: gl.constexpr,
+                       num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
@@ -351,18 +355,18 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                                m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
         ], [num_warps, 1], [WORKER_REGS, 24])
     else:
-        if X_ORDER:
+        if X_ORDER == 1 or X_ORDER == 2:
             results = gl.warp_specialize([
                 (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, ordered, n_chunks,
-                                  m_end - m_lo, 0, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, True, num_warps)),
+                                  m_end - m_lo, 0, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, X_ORDER, num_warps)),
                 (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
                                    w_row, m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
-                (_x_order_partition, (x_smem, ready, ordered, n_chunks * CS, BM, BK, STAGES)),
-            ], [1, 1], [24, X_ORDER_REGS])
+                (_x_order_partition, (x_smem, ready, ordered, n_chunks * CS, BM, BK, STAGES, X_ORDER, X_WARPS)),
+            ], [1, X_WARPS], [24, X_ORDER_REGS])
         else:
             results = gl.warp_specialize([
                 (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, ordered, n_chunks,
-                                  m_end - m_lo, 0, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, False, num_warps)),
+                                  m_end - m_lo, 0, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, X_ORDER, num_warps)),
                 (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
                                    w_row, m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
             ], [1], [24])
@@ -485,7 +489,8 @@ class Tile:
     parts: int = 1
     # The activations reordered in shared memory by a warp of their own (_x_order_partition), so that each MMA lane
     # decodes whole words (3.75 instructions per value pair, not 5). One partition of MMA warps only.
-    x_order: bool = False
+    x_order: int = 0  # (2, 3: timing probes, wrong results: the warp not reordering / absent)
+    x_warps: int = 1  # warps that reorder
 
     def __post_init__(self):
         if self.parts not in (1, 2) or (self.parts == 2 and (self.warps != 8 or not self.halves)):
@@ -545,7 +550,8 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids, m, n, k,
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
-        E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS, X_ORDER=tile.x_order,
+        E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS, X_ORDER=int(tile.x_order),
+        X_WARPS=tile.x_warps,
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 

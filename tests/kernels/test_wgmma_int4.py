@@ -66,7 +66,8 @@ for name, tile, bm, group, split, grouped in variants:
                                             [bn, wg.SCALE_CHUNK.value], gl.bfloat16))}
     const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
                  SPLIT=split, GROUPED=grouped, HALVES=tile.halves, HAS_IDS=grouped, E_POW2=128 if grouped else 1,
-                 PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, X_ORDER=tile.x_order, num_warps=tile.warps // tile.parts)
+                 PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, X_ORDER=int(tile.x_order), X_WARPS=tile.x_warps,
+                 num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32", "ids_ptr": "*i32"}
     sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
            for n in names}
