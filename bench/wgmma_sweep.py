@@ -42,15 +42,7 @@ TILES = {
     "t64": wg.Tile(warps=8, bm=64, bk=64, stages=4, regs=168, halves=True, parts=2),  # two warpgroups on 64 rows
     "train": wg.TRAIN,
     "train-s": dataclasses.replace(wg.TRAIN, halves=False, parts=1),  # 256 rows, K split
-    "xo": dataclasses.replace(wg.DECODE, x_order=True),  # the decode tile, activations reordered, whole-word decode
-    "xo64": dataclasses.replace(wg.ROWS, x_order=True),  # the same over 64-row activation tiles, K split
-    "xo-w2": dataclasses.replace(wg.DECODE, x_order=True, x_warps=2),
-    "xo64-w2": dataclasses.replace(wg.ROWS, x_order=True, x_warps=2),
-    "xo-nop": dataclasses.replace(wg.DECODE, x_order=2),  # probes (wrong values): the warp does not reorder
-    "xo-none": dataclasses.replace(wg.DECODE, x_order=3),  # no reordering warp at all
 }
-
-PROBES = {"xo-nop", "xo-none"}  # timing probes: their values are wrong by design
 
 
 def direct(x, pw, n: int, regs: int | None, programs: int, tile: wg.Tile | None = None) -> torch.Tensor:
@@ -110,7 +102,7 @@ def main() -> None:
                                 continue
                             err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
                             errs.append(f"{err:.1e}")
-                            if err < 4 * 2**-8 or tile_name in PROBES:  # else WRONG: no time
+                            if err < 4 * 2**-8:  # else WRONG: no time
                                 t[name] = timer(direct, *call)
                             else:
                                 print(f"WRONG {name} {model}.{layer} M={m}: {err:.2e}")

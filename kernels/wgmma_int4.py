@@ -53,7 +53,6 @@ from .formats import INT4, PackedWeight
 MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
 SCALE_CHUNK = gl.constexpr(8)
-X_ORDER_REGS = gl.constexpr(56)  # the reordering warp: 32 activations per lane in and out
 
 # Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -98,44 +97,12 @@ def _scale_layout(BN, GPS, WPG, num_warps):
                                       shape=[BN, GPS, WPG])
 
 
-@gluon.constexpr_function
-def _block_word_layout(BN, BK, num_warps):
-    """Tile.x_order's words [BN, BK // 32, 4]: (row, block of 32 of K, word t of the block). Lane t of a quad takes
-    word t of every block: its 8 values are the 4 operand pairs the lane multiplies there once the activations are in
-    _x_order_partition's order. One warp per 16 rows, registers: row + 8, then the blocks."""
-    regs = [[8, 0, 0]] + [[0, 1 << i, 0] for i in range((BK // 32).bit_length() - 1)]
-    lanes = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
-    warps = [[16 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
-                                      shape=[BN, BK // 32, 4])
-
-
-@gluon.constexpr_function
-def _block_word_load_layout(BN, BK, num_warps):
-    """_block_word_layout as the slot's 2-D [BN, BK // 8] words (word 4b + t), to load them from shared memory."""
-    regs = [[8, 0]] + [[0, 4 << i] for i in range((BK // 32).bit_length() - 1)]
-    lanes = [[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]]
-    warps = [[16 << i, 0] for i in range(num_warps.bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
-                                      shape=[BN, BK // 8])
-
-
 @gluon.jit
-def _word_order_pairs(o0, o1, o2, o3, BN: gl.constexpr, BK: gl.constexpr, pair_layout: gl.constexpr):
-    """[BN, BK // 2] operand pairs from a word's 4 decoded pairs (o_j: [BN, BK // 32, 4 lanes t], pair j = 2s + h):
-    pair j of word t of block b is operand pair 16b + 8s + 4h + t (K 32b + 16s + 8h + 2t, in the reordered K)."""
-    v = gl.join(gl.join(o0, o1), gl.join(o2, o3))  # (row, b, t, h, s)
-    v = gl.reshape(gl.permute(v, (0, 1, 4, 3, 2)), [BN, BK // 2])  # (row, b, s, h, t)
-    return gl.convert_layout(v, pair_layout, assert_trivial=True)
-
-
-@gluon.jit
-def _word_scales(scales, BN: gl.constexpr, COLS: gl.constexpr, GPS: gl.constexpr, WPG: gl.constexpr,
+def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, WPG: gl.constexpr,
                  l3: gl.constexpr, words_layout: gl.constexpr):
-    """bf16 [BN, COLS, 1]: the scale of each of COLS = GPS * WPG columns (words, or x_order's blocks), broadcast from
-    the step's [BN, GPS] in registers."""
+    """bf16 [BN, BK // 8, 1]: each word's scale, broadcast from the step's [BN, GPS] in registers."""
     zero = gl.full([BN, GPS, WPG], 0.0, gl.bfloat16, l3)
-    full = gl.reshape(gl.expand_dims(scales, 2) + zero, [BN, COLS])
+    full = gl.reshape(gl.expand_dims(scales, 2) + zero, [BN, BK // 8])
     return gl.expand_dims(gl.convert_layout(full, words_layout, assert_trivial=True), 2)
 
 
@@ -160,36 +127,12 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
 
 
 @gluon.jit
-def _x_order_partition(x_smem, ready, ordered, n_steps, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                       PROBE: gl.constexpr, PW: gl.constexpr):
-    """One warp (Tile.x_order): as each step's activations land, reorder every 32 of K in place into the order the
-    whole-word decode multiplies (_word_order: position 32b + 8q + 2t + e takes K 32b + 8t + q + 4e), then release
-    the step to the MMA warps. The activations are a quarter of the weight work at 16 rows: the reorder is cheaper
-    here, once per program, than the byte gather it saves in every MMA thread."""
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 32], threads_per_warp=[8, 4], warps_per_cta=[PW, 1],
-                                            order=[1, 0])
-    for i in range(n_steps):
-        slot = i % STAGES
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        if PROBE != 2:
-            for r in gl.static_range(0, BM, 8 * PW):
-                rows = x_smem.index(slot).slice(r, 8 * PW, dim=0)
-                v = gl.reshape(rows.load(layout), [8 * PW, BK // 32, 4, 2, 4])  # (row, b, t, e, q): K 32b+8t+4e+q
-                v = gl.reshape(gl.permute(v, (0, 1, 4, 2, 3)), [8 * PW, BK])  # (row, b, q, t, e)
-                rows.store(gl.convert_layout(v, layout))
-        fence_async_shared()  # (generic stores, read next by wgmma through the async proxy)
-        mbarrier.arrive(ordered.index(slot))
-
-
-@gluon.jit
-def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, ordered, n_chunks, rows,
-                   ROW0: gl.constexpr, GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                   STAGES: gl.constexpr, CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr,
-                   X_ORDER: gl.constexpr, num_warps: gl.constexpr):
+def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows, ROW0: gl.constexpr,
+                   GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                   CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr):
     """MMA warps: decode each step's words (the BN weight rows from ROW0 of the slot's tile) into wgmma's register
     operand and multiply. HALVES: the BM activation rows as two halves with their own accumulators, the second
-    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few). X_ORDER:
-    the activations come reordered (_x_order_partition, released by `ordered`), and each lane decodes whole words."""
+    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few)."""
     HM: gl.constexpr = BM // 2 if HALVES else BM
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, HM, 16])
@@ -204,8 +147,6 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, order
     WPG: gl.constexpr = BK // 8 // GPS  # words per group within a step
     l3s: gl.constexpr = _scale_layout(BN, GPS, WPG, num_warps)
     s_layout: gl.constexpr = gl.SliceLayout(2, l3s)
-    wb3: gl.constexpr = _block_word_layout(BN, BK, num_warps)
-    l3b: gl.constexpr = _scale_layout(BN, GPS, BK // 32 // GPS, num_warps)  # (x_order: the blocks' scales)
 
     acc = gl.zeros([BN, HM], gl.float32, acc_layout)
     if HALVES:
@@ -217,28 +158,14 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, order
         for j in gl.static_range(CS):
             i = c * CS + j
             slot = i % STAGES
-            step_scales = s_smem.index(sslot).slice(ROW0, BN, dim=0).slice(j * GPS, GPS, dim=1)
+            scales = s_smem.index(sslot).slice(ROW0, BN, dim=0).slice(j * GPS, GPS, dim=1).load(s_layout)
+            scales = _word_scales(scales, BN, BK, GPS, WPG, l3s, words_layout)
             mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            w_tile = w_smem.index(slot).slice(ROW0, BN, dim=0)
-            if X_ORDER:
-                scales = _word_scales(step_scales.load(gl.SliceLayout(2, l3b)), BN, BK // 32, GPS, BK // 32 // GPS,
-                                      l3b, gl.SliceLayout(2, wb3))
-                words = gl.reshape(w_tile.load(_block_word_load_layout(BN, BK, num_warps)), [BN, BK // 32, 4])
-                words = gl.convert_layout(words, wb3, assert_trivial=True)
-                if X_ORDER != 3:
-                    mbarrier.wait(ordered.index(slot), (i // STAGES) & 1)
-                o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-                    _INT4_BF16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, scales], dtype=(gl.bfloat16,) * 8,
-                    is_pure=True, pack=1)
-                lo = _word_order_pairs(o0, o1, o2, o3, BN, BK, pair_layout)
-                hi = _word_order_pairs(o4, o5, o6, o7, BN, BK, pair_layout)
-            else:
-                scales = _word_scales(step_scales.load(s_layout), BN, BK // 8, GPS, WPG, l3s, words_layout)
-                words = gl.expand_dims(w_tile.load(words_layout), 2)
-                lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
-                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
-                lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
-                hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
+            words = gl.expand_dims(w_smem.index(slot).slice(ROW0, BN, dim=0).load(words_layout), 2)
+            lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
+                                               dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+            lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
+            hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
             a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
             # Synchronous: wgmma reads its register operand asynchronously, and writing those registers before the
             # wait is undefined (PTX ISA). With one MMA left in flight (warpgroup_mma_wait(1)) ptxas gave the next
@@ -266,8 +193,8 @@ def _mma_store_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
                          SSTAGES: gl.constexpr, num_warps: gl.constexpr):
     """One of the independent warpgroups (Tile.parts): its BN weight rows from ROW0 of the tile, in halves, stored by
     its own warps (a worker partition returns nothing)."""
-    acc, acc_hi = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, ready, n_chunks,
-                                 m_end - m_lo, ROW0, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, True, False, num_warps)
+    acc, acc_hi = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, ROW0,
+                                 GROUP, BN, BM, BK, STAGES, CS, SSTAGES, True, num_warps)
     _store_block(acc, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo, m_end, M, N, 1, stride_om, BN, BM // 2, False,
                  False, num_warps)
     _store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo + BM // 2, m_end, M, N, 1, stride_om, BN,
@@ -304,8 +231,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, X_ORDER: gl.constexpr, X_WARPS: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
@@ -332,13 +258,11 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
     s_smem = gl.allocate_shared_memory(gl.bfloat16, [SSTAGES, BN, SCALE_CHUNK], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ordered = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     s_ready = gl.allocate_shared_memory(gl.int64, [SSTAGES, 1], mbarrier.MBarrierLayout())
     s_empty = gl.allocate_shared_memory(gl.int64, [SSTAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=PARTS)  # (each MMA partition releases the slot)
-        mbarrier.init(ordered.index(s), count=1)
     for s in gl.static_range(SSTAGES):
         mbarrier.init(s_ready.index(s), count=1)
         mbarrier.init(s_empty.index(s), count=PARTS)
@@ -355,25 +279,15 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                                m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
         ], [num_warps, 1], [WORKER_REGS, 24])
     else:
-        if X_ORDER == 1 or X_ORDER == 2:
-            results = gl.warp_specialize([
-                (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, ordered, n_chunks,
-                                  m_end - m_lo, 0, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, X_ORDER, num_warps)),
-                (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
-                                   w_row, m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
-                (_x_order_partition, (x_smem, ready, ordered, n_chunks * CS, BM, BK, STAGES, X_ORDER, X_WARPS)),
-            ], [1, X_WARPS], [24, X_ORDER_REGS])
-        else:
-            results = gl.warp_specialize([
-                (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, ordered, n_chunks,
-                                  m_end - m_lo, 0, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, X_ORDER, num_warps)),
-                (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
-                                   w_row, m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
-            ], [1], [24])
+        results = gl.warp_specialize([
+            (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
+                              GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps)),
+            (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
+                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
+        ], [1], [24])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
-        mbarrier.invalidate(ordered.index(s))
     for s in gl.static_range(SSTAGES):
         mbarrier.invalidate(s_ready.index(s))
         mbarrier.invalidate(s_empty.index(s))
@@ -487,18 +401,11 @@ class Tile:
     # own arrivals on the ring's barriers: one partition steps in lockstep (a barrier over all its warps each step),
     # parts drift apart, so one's decode overlaps another's synchronous wgmma. parts = 2 needs 8 warps and halves.
     parts: int = 1
-    # The activations reordered in shared memory by a warp of their own (_x_order_partition), so that each MMA lane
-    # decodes whole words (3.75 instructions per value pair, not 5). One partition of MMA warps only.
-    x_order: int = 0  # (2, 3: timing probes, wrong results: the warp not reordering / absent)
-    x_warps: int = 1  # warps that reorder
 
     def __post_init__(self):
         if self.parts not in (1, 2) or (self.parts == 2 and (self.warps != 8 or not self.halves)):
             raise ValueError(f"Tile.parts={self.parts}: 1, or 2 with 8 warps and halves (got warps={self.warps}, "
                              f"halves={self.halves})")
-        if self.x_order and (self.parts != 1 or self.halves or self.bk % 32):
-            raise ValueError(f"Tile.x_order: one partition, no halves, bk a multiple of 32 (got parts={self.parts}, "
-                             f"halves={self.halves}, bk={self.bk})")
 
 
 DECODE = Tile()
@@ -551,7 +458,6 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
         E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
-        X_ORDER=int(tile.x_order), X_WARPS=tile.x_warps,
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
