@@ -23,6 +23,10 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
+from orbit_lightning.kernels.formats import resolve
+from orbit_lightning.kernels.wgmma_int4_dx import supports_dx, wgmma_int4_dx
 from triton.testing import do_bench
 
 from orbit_lightning import kernels
@@ -45,7 +49,6 @@ MOE = {  # model -> (experts, top_k, hidden, moe_intermediate, token counts)
     "DeepSeek-V3": (256, 8, 7168, 2048, (16384,)),
 }
 GROUPED_MM = getattr(torch, "_grouped_mm", None) or getattr(F, "grouped_mm", None)
-HBM_TBS = 4.8  # H200 HBM3e peak, for the decode roofline column
 
 
 class Report:
@@ -137,8 +140,40 @@ def graph_us(fn, *args, reps: int = 10, **kwargs) -> float:
 
 
 def timer(m: int):
-    """graph_us for decode-like sizes (M <= 256), do_bench otherwise."""
-    return graph_us if m <= 256 else us
+    """graph_us up to M = 1024 (the rollout's decode batches; do_bench's medians there scattered by up to 2x between
+    runs, bench/RESULTS.md sixteenth session), do_bench above."""
+    return graph_us if m <= 1024 else us
+
+
+@triton.jit
+def _read_kernel(words_ptr, n_words, word_programs, scales_ptr, n_scales, out_ptr, BLOCK: tl.constexpr):
+    """Reads every packed word, then every scale (as int32 pairs), once: an xor per program, stored so that nothing
+    is optimized away."""
+    pid = tl.program_id(0)
+    if pid < word_programs:
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.xor_sum(tl.load(words_ptr + offs, mask=offs < n_words, other=0), 0)
+    else:
+        offs = (pid - word_programs) * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.xor_sum(tl.load(scales_ptr + offs, mask=offs < n_scales, other=0), 0)
+    tl.store(out_ptr + pid, acc)
+
+
+READ_BLOCK = 4096  # int32 per program: 16 KB
+
+
+def read_packed(packed: dict, out: torch.Tensor) -> None:
+    """One streaming read of an int4 weight's bytes (words and scales): the HBM floor, launch and ramp included, of
+    any kernel that must read them, timed like the GEMMs. out: int32 of at least read_programs(packed) entries."""
+    words, scales = packed["weight_packed"].view(-1), packed["weight_scale"].view(-1).view(torch.int32)
+    word_programs = triton.cdiv(words.numel(), READ_BLOCK)
+    _read_kernel[(read_programs(packed),)](words, words.numel(), word_programs, scales, scales.numel(), out,
+                                            BLOCK=READ_BLOCK)
+
+
+def read_programs(packed: dict) -> int:
+    return (triton.cdiv(packed["weight_packed"].numel(), READ_BLOCK)
+            + triton.cdiv(packed["weight_scale"].numel() // 2, READ_BLOCK))
 
 
 def dq_linear(x: torch.Tensor, packed: dict) -> torch.Tensor:
@@ -148,6 +183,15 @@ def dq_linear(x: torch.Tensor, packed: dict) -> torch.Tensor:
 
 def dq_linear_dx(dy: torch.Tensor, packed: dict) -> torch.Tensor:
     return dy @ kernels.dequantize("int4", packed, dy.dtype)
+
+
+def wgmma_dx(dy: torch.Tensor, packed: dict) -> torch.Tensor | None:
+    """The dX warpgroup-MMA kernel on a dense weight (dispatch sends it only grouped experts), None where it does not
+    run: the candidate for dense dX at 65-1024 rows, which dequantizes today."""
+    w = resolve("int4", packed, stacked=False, group_size=32)
+    if not supports_dx(dy, w):
+        return None
+    return wgmma_int4_dx(dy, w, torch.empty(dy.shape[0], w.k, dtype=dy.dtype, device=dy.device))
 
 
 def invariant(fn, *args, **kwargs):
@@ -165,15 +209,19 @@ def packed_bytes(packed: dict) -> int:
 
 def bench_dense(rep: Report) -> None:
     rep.say("\n== dense int4-g32 vs bf16 F.linear (fwd) and dy @ W (dX); us; ratio = bf16 / int4 ==")
-    rep.say("(M <= 256: CUDA-graph timing with cold L2; dq+mm = one-pass dequantize + cuBLAS, M >= 256)")
+    rep.say("(M <= 1024: CUDA-graph timing with cold L2; dq+mm = one-pass dequantize + cuBLAS, M >= 256; "
+            "read = one streaming read of the int4 bytes, ceil x = bf16 fwd / read: the ratio no kernel that reads "
+            "them can pass, M <= 16)")
     rep.say(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6} | {'bf16 fwd':>9} {'int4 fwd':>9} "
-            f"{'x':>5} {'TB/s':>5} | {'bf16 dX':>9} {'int4 dX':>9} {'fwd+dX x':>8} | {'inv fwd':>9} "
-            f"{'inv cost':>8} | {'dq+mm x':>7}")
+            f"{'x':>5} {'TB/s':>5} {'read':>5} {'ceil x':>6} | {'bf16 dX':>9} {'int4 dX':>9} {'fwd+dX x':>8} | "
+            f"{'inv fwd':>9} {'inv cost':>8} | {'dq+mm x':>7}")
     fmt = get_format("int4")
     for model, layers in DENSE.items():
         for layer, n, k in layers:
             w = randn(n, k, scale=0.02)
             packed = fmt.random_packed((n, k), device="cuda")
+            read_us = graph_us(read_packed, packed, torch.empty(read_programs(packed), dtype=torch.int32,
+                                                                 device="cuda"))
             for m in M_SIZES:
                 if rep.out_of_time():
                     return
@@ -181,7 +229,9 @@ def bench_dense(rep: Report) -> None:
                 tm = timer(m)
                 t = {"bf16_fwd": tm(F.linear, x, w), "int4_fwd": tm(kernels.int4_linear, x, packed),
                      "bf16_dx": tm(torch.matmul, dy, w), "int4_dx": tm(kernels.int4_linear_dx, dy, packed),
-                     "inv_fwd": tm(invariant, kernels.int4_linear, x, packed)}
+                     "inv_fwd": tm(invariant, kernels.int4_linear, x, packed), "read": read_us}
+                if 64 < m <= 1024 and wgmma_dx(dy, packed) is not None:
+                    t["wg_dx"] = tm(wgmma_dx, dy, packed)
                 dq = float("nan")
                 if m >= 256:
                     t["dq_fwd"], t["dq_dx"] = tm(dq_linear, x, packed), tm(dq_linear_dx, dy, packed)
@@ -191,9 +241,11 @@ def bench_dense(rep: Report) -> None:
                 both = (t["bf16_fwd"] + t["bf16_dx"]) / (t["int4_fwd"] + t["int4_dx"])
                 rep.add(dict(section="dense", model=model, layer=layer, n=n, k=k, m=m, **t, tbs=tbs),
                         f"{model:16} {layer:12} {n:6} {k:6} {m:6} | {t['bf16_fwd']:9.1f} "
-                        f"{t['int4_fwd']:9.1f} {t['bf16_fwd'] / t['int4_fwd']:5.2f} {tbs:5.2f} | "
+                        f"{t['int4_fwd']:9.1f} {t['bf16_fwd'] / t['int4_fwd']:5.2f} {tbs:5.2f} {read_us:5.1f} "
+                        f"{t['bf16_fwd'] / read_us:6.2f} | "
                         f"{t['bf16_dx']:9.1f} {t['int4_dx']:9.1f} {both:8.2f} | {t['inv_fwd']:9.1f} "
-                        f"{t['inv_fwd'] / t['int4_fwd']:8.2f} | {dq:7.2f}")
+                        f"{t['inv_fwd'] / t['int4_fwd']:8.2f} | {dq:7.2f}"
+                        + (f" | wgmma dX {t['wg_dx']:7.1f}" if "wg_dx" in t else ""))
             torch.cuda.empty_cache()
 
 
@@ -404,11 +456,13 @@ def summary(rep: Report) -> None:
     dense = [r for r in rep.rows if r["section"] == "dense"]
     train = [best(r, "bf16") for r in dense if r["m"] >= 4096]
     decode = [r["bf16_fwd"] / r["int4_fwd"] for r in dense if r["m"] <= 16]
+    ceiling = [r["bf16_fwd"] / r["read"] for r in dense if r["m"] <= 16]
     moe = [best(r, "gmm") for r in rep.rows if r["section"] == "moe" and r["tokens"] >= 8192]
     inv = [r["inv_fwd"] / r["int4_fwd"] for r in dense]
     rep.say("\n== summary (geomean / min over shapes) ==")
     for name, vals, target in (("training fwd+dX int4 / bf16 (M>=4096, dispatched)", train, ">= 0.9"),
                                ("decode fwd speedup (M<=16)", decode, ">= 2.5"),
+                               ("decode ceiling: bf16 / one read of the int4 bytes", ceiling, "bound"),
                                ("MoE fwd+dX int4 / grouped_mm (>=8k tok, dispatched)", moe, ">= 0.8"),
                                ("batch-invariant fwd time / fast fwd time", inv, "cost")):
         if vals:
