@@ -42,8 +42,6 @@ TILES = {
     "t64": wg.Tile(warps=8, bm=64, bk=64, stages=4, regs=168, halves=True, parts=2),  # two warpgroups on 64 rows
     "train": wg.TRAIN,
     "train-s": dataclasses.replace(wg.TRAIN, halves=False, parts=1),  # 256 rows, K split
-    "k2": dataclasses.replace(wg.DECODE, k_parts=2),  # two MMA warpgroups on alternate steps of the same rows
-    "k2-64": dataclasses.replace(wg.ROWS, k_parts=2, regs=104),
     "s6": dataclasses.replace(wg.DECODE, stages=6),  # deeper rings: more weight bytes in flight per program
     "s8": dataclasses.replace(wg.DECODE, stages=8),
 }

@@ -126,23 +126,16 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
             _tma_load(w_desc, [w_row, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
 
 
-@gluon.constexpr_function
-def _acc_layout(BM, num_warps):
-    """The fp32 accumulator [BN, BM] of one warpgroup's wgmmas (BM activation rows as wgmma's N)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM, 16])
-
-
 @gluon.jit
 def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows, ROW0: gl.constexpr,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                   CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr,
-                   KP: gl.constexpr = 1, KPART: gl.constexpr = 0):
+                   CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr):
     """MMA warps: decode each step's words (the BN weight rows from ROW0 of the slot's tile) into wgmma's register
     operand and multiply. HALVES: the BM activation rows as two halves with their own accumulators, the second
-    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few). KP > 1:
-    this warpgroup (number KPART of KP) takes every KP-th step of each chunk, the others the rest (Tile.k_parts)."""
+    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few)."""
     HM: gl.constexpr = BM // 2 if HALVES else BM
-    acc_layout: gl.constexpr = _acc_layout(HM, num_warps)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, HM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     pair_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
     w3: gl.constexpr = _word_layout(BN, BK, num_warps)
@@ -162,7 +155,7 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
     for c in range(n_chunks):
         sslot = c % SSTAGES
         mbarrier.wait(s_ready.index(sslot), (c // SSTAGES) & 1)
-        for j in gl.static_range(KPART, CS, KP):
+        for j in gl.static_range(CS):
             i = c * CS + j
             slot = i % STAGES
             scales = s_smem.index(sslot).slice(ROW0, BN, dim=0).slice(j * GPS, GPS, dim=1).load(s_layout)
@@ -191,18 +184,6 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
     if not HALVES:
         acc_hi = acc  # (one result or two, the same tuple type)
     return acc, acc_hi
-
-
-@gluon.jit
-def _mma_partial_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, red_smem, red_bar,
-                           GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                           STAGES: gl.constexpr, CS: gl.constexpr, SSTAGES: gl.constexpr, num_warps: gl.constexpr):
-    """Tile.k_parts = 2: the second MMA warpgroup, on the odd steps of each chunk; its fp32 partial sum goes to
-    shared memory for the first to add (a worker partition returns nothing)."""
-    acc, _ = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, 0, 0, GROUP, BN, BM,
-                            BK, STAGES, CS, SSTAGES, False, num_warps, 2, 1)
-    red_smem.store(acc)
-    mbarrier.arrive(red_bar.index(0))
 
 
 @gluon.jit
@@ -250,7 +231,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, KP: gl.constexpr, num_warps: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     split = gl.program_id(1)
     k_lo = split * k_per_split
@@ -284,7 +265,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         mbarrier.init(empty.index(s), count=PARTS)  # (each MMA partition releases the slot)
     for s in gl.static_range(SSTAGES):
         mbarrier.init(s_ready.index(s), count=1)
-        mbarrier.init(s_empty.index(s), count=PARTS * KP)  # (with k_parts, both warpgroups read each chunk)
+        mbarrier.init(s_empty.index(s), count=PARTS)
     if PARTS == 2:  # (the host launches halves, no split, num_warps = one warpgroup)
         PN: gl.constexpr = BN // 2
         gl.warp_specialize([
@@ -297,21 +278,6 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
                                m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
         ], [num_warps, 1], [WORKER_REGS, 24])
-    elif KP == 2:  # (no halves)
-        red_smem = gl.allocate_shared_memory(gl.float32, [BN, BM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        red_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(red_bar.index(0), count=1)
-        results = gl.warp_specialize([
-            (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
-                              GROUP, BN, BM, BK, STAGES, CS, SSTAGES, False, num_warps, 2, 0)),
-            (_mma_partial_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, red_smem,
-                                      red_bar, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, num_warps)),
-            (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
-                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
-        ], [num_warps, 1], [WORKER_REGS, 24])
-        mbarrier.wait(red_bar.index(0), 0)
-        results = (results[0] + red_smem.load(_acc_layout(BM, num_warps)), results[1])
-        mbarrier.invalidate(red_bar.index(0))
     else:
         results = gl.warp_specialize([
             (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
@@ -435,9 +401,6 @@ class Tile:
     # own arrivals on the ring's barriers: one partition steps in lockstep (a barrier over all its warps each step),
     # parts drift apart, so one's decode overlaps another's synchronous wgmma. parts = 2 needs 8 warps and halves.
     parts: int = 1
-    # Two MMA warpgroups on the same weight rows, taking alternate steps of each scale chunk (a K split inside the
-    # program, summed through shared memory): twice the MMA warps per program, one ring and one pipeline fill.
-    k_parts: int = 1
 
     def __post_init__(self):
         if self.parts not in (1, 2) or (self.parts == 2 and (self.warps != 8 or not self.halves)):
@@ -494,8 +457,7 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids, m, n, k,
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
-        E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts,
-        WORKER_REGS=PART_REGS if tile.parts > 1 else (tile.regs or max_registers(bm, group)), KP=tile.k_parts,
+        E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
