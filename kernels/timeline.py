@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 SLOTS = 8  # int64 per program: see the slot constants below
 # Slots: 0 entry (global ns), 1 exit (global ns), 2 SM id, 3.. cycle counters at the points a kernel marks.
@@ -54,3 +56,33 @@ def stamp(ptr, program, slot: tl.constexpr, ON: tl.constexpr):
 def linear_program():
     """This program's index in a row-major walk of the grid (axis 0 fastest), as the stamp buffer's rows."""
     return tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+
+
+@gluon.jit
+def _gl_globaltimer():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gl_clock():
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gl_smid():
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def gluon_stamp(ptr, program, slot: gl.constexpr, ON: gl.constexpr):
+    """`stamp` for Gluon kernels (wgmma_int4.py), the same slots."""
+    if ON:
+        row = ptr + program.to(gl.int64) * _SLOTS
+        if slot == 0:
+            gl.store(row + 2, _gl_smid().to(gl.int64))
+            gl.store(row + 3, _gl_clock())
+            gl.store(row, _gl_globaltimer())
+        elif slot == 1:
+            gl.store(row + 1, _gl_globaltimer())
+        else:
+            gl.store(row + slot, _gl_clock())

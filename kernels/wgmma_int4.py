@@ -49,10 +49,14 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .configs import capability, max_row_tiles, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
+from .timeline import CYCLES, gluon_stamp
 
 MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
 SCALE_CHUNK = gl.constexpr(8)
+# Timeline stamps (kernels/timeline.py; bench/wgmma_timeline.py): cycle counts when a program's first step has
+# landed and when its last wgmma is done (entry and exit are timeline's own slots).
+FIRST_DATA, LOOP_END = gl.constexpr(CYCLES + 1), gl.constexpr(CYCLES + 2)
 
 # Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -129,7 +133,8 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
 @gluon.jit
 def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows, ROW0: gl.constexpr,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                   CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr):
+                   CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr,
+                   stamps_ptr=None, program=0, STAMPS: gl.constexpr = False):
     """MMA warps: decode each step's words (the BN weight rows from ROW0 of the slot's tile) into wgmma's register
     operand and multiply. HALVES: the BM activation rows as two halves with their own accumulators, the second
     multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few)."""
@@ -161,6 +166,9 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
             scales = s_smem.index(sslot).slice(ROW0, BN, dim=0).slice(j * GPS, GPS, dim=1).load(s_layout)
             scales = _word_scales(scales, BN, BK, GPS, WPG, l3s, words_layout)
             mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            if STAMPS and j == 0:
+                if c == 0:
+                    gluon_stamp(stamps_ptr, program, FIRST_DATA, True)
             words = gl.expand_dims(w_smem.index(slot).slice(ROW0, BN, dim=0).load(words_layout), 2)
             lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
                                                dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
@@ -181,6 +189,7 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
             mbarrier.arrive(empty.index(slot))
         fence_async_shared()
         mbarrier.arrive(s_empty.index(sslot))
+    gluon_stamp(stamps_ptr, program, LOOP_END, STAMPS)
     if not HALVES:
         acc_hi = acc  # (one result or two, the same tuple type)
     return acc, acc_hi
@@ -226,13 +235,15 @@ def _find_tile(offsets_ptr, t, num_experts, BM: gl.constexpr, E_POW2: gl.constex
 
 # M is never specialized (Triton would compile M % 16 == 0 apart), nor the split count: one binary per tile shape.
 @gluon.jit(do_not_specialize=["M", "n_splits", "num_experts"])
-def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets_ptr, ids_ptr, M, N, K,
+def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets_ptr, ids_ptr, stamps_ptr, M, N, K,
                        k_per_split, n_splits, num_experts, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
+    program = pid_n + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+    gluon_stamp(stamps_ptr, program, 0, STAMPS)
     split = gl.program_id(1)
     k_lo = split * k_per_split
     # Whole chunks of CS steps (k_per_split is a multiple of CS * BK); steps past K read zeros (TMA's bounds).
@@ -281,7 +292,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
     else:
         results = gl.warp_specialize([
             (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
-                              GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps)),
+                              GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps, stamps_ptr, program, STAMPS)),
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
                                m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
         ], [1], [24])
@@ -301,6 +312,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         else:
             _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
                          stride_om, BN, BM, SPLIT, False, num_warps)
+    gluon_stamp(stamps_ptr, program, 1, STAMPS)
 
 
 @gluon.jit
@@ -447,24 +459,27 @@ def pick_tile(m: int, n: int, sms: int) -> Tile:
 
 def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, cnt: Tensor, offsets: Tensor,
             ids: Tensor | None, grid: tuple[int, int, int], k_per_split: int, experts: int, group: int, n: int,
-            bm: int, tile: Tile) -> None:
+            bm: int, tile: Tile, stamps: Tensor | None = None) -> None:
     m, k = x.shape
     bn = 16 * tile.warps
     if max(grid[1], 1) * m * n >= 2**31:
         raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
     _wgmma_int4_kernel[grid](
         _desc(x, [bm, tile.bk], "bf16"), _desc(values, [bn, tile.bk // 8], "int32"),
-        _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids, m, n, k,
+        _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids,
+        out if stamps is None else stamps, m, n, k,
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
         E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
+        STAMPS=stamps is not None,
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
-def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor], tile: Tile | None = None
-               ) -> Tensor:
+def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int], Tensor], tile: Tile | None = None,
+               stamps: Tensor | None = None) -> Tensor:
     """out[M, N] = x[M, K] @ W^T (bf16, fp32 accumulation) where `supports(x, w)`, with `tile` (None: pick_tile's);
-    out: [M, N] contiguous; tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets)."""
+    out: [M, N] contiguous; tickets(n): a zeroed int32 ticket buffer of at least n entries (gemm._tickets);
+    stamps: int64 [programs, timeline.SLOTS] to record each program's timeline (one-partition tiles; None: off)."""
     m, k = x.shape
     tile = tile or pick_tile(m, w.n, sm_count(x.device))
     bm = tile.bm or max(16, triton.next_power_of_2(m))
@@ -475,7 +490,7 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = tickets(n_tiles * m_tiles) if split > 1 else out
     _launch(x, w.values, w.scale, out, ws, cnt, cnt, None, (n_tiles, split, m_tiles), k_per_split, 0, w.group, w.n,
-            bm, tile)
+            bm, tile, stamps)
     return out
 
 

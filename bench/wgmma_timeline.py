@@ -1,0 +1,110 @@
+"""Where the decode-tile wgmma_int4's microseconds go: per-program timestamps (kernels/timeline.py) on the GPU machine.
+
+    python bench/wgmma_timeline.py [--m 16] [--reps 5]
+
+For dense decode shapes (int4 g32, the tile and K split the dispatch picks), each run starts after an L2 read flush
+and records, per program, its SM, entry and exit on the global ns timer, and cycle counts at entry, when its first
+step's words and activations had landed, and after its last wgmma. Printed per shape (medians over --reps runs, us
+from the first program's entry; per-program phases as medians over programs):
+- span: last exit; the kernel alone by graph_us for comparison; programs, K splits and steps per program;
+- start p50 / max: when programs entered;
+- fill: entry to the first step's data (barrier set-up, descriptor fetch, the first TMA's latency);
+- steps: first data to the last wgmma (the steady state), and per step;
+- tail: last wgmma to exit (store, and with a K split the partials, the ticket and the last program's sum).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+
+import torch
+from orbit_lightning.kernels import wgmma_int4 as wg
+from orbit_lightning.kernels.configs import sm_count
+from orbit_lightning.kernels.formats import resolve
+from orbit_lightning.kernels.gemm import _tickets
+from orbit_lightning.kernels.timeline import ENTRY_NS, EXIT_NS, SLOTS
+
+from orbit_lightning.quant.formats import get_format
+
+SHAPES = [("Qwen3-8B qkv", 6144, 4096), ("Qwen3-8B o", 4096, 4096), ("Qwen3-8B gate_up", 24576, 4096),
+          ("Qwen3-8B down", 4096, 12288), ("Qwen3-30B-A3B qkv", 5120, 2048),
+          ("DeepSeek-V3 mlp.gate_up", 36864, 7168)]  # fmt: skip
+MAX_PROGRAMS = 1 << 14
+
+
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+graph_us = _bench_module("kernels").graph_us
+clock_hz = _bench_module("gemv_timeline").clock_hz
+
+
+def call(x, w, stamps=None):
+    out = torch.empty(x.shape[0], w.n, dtype=torch.bfloat16, device="cuda")
+    return wg.wgmma_int4(x, w, out, lambda c: _tickets(x.device, c), stamps=stamps)
+
+
+def one_run(x, w, flush, hz) -> dict:
+    stamps = torch.zeros((MAX_PROGRAMS, SLOTS), dtype=torch.int64, device="cuda")
+    flush.view(torch.int32).amax()  # (the read flush: clean lines, as in a decode step; bench/kernels.py)
+    torch.cuda.synchronize()
+    call(x, w, stamps)
+    torch.cuda.synchronize()
+    st = stamps[stamps[:, ENTRY_NS] > 0].cpu().double()
+    t0 = st[:, ENTRY_NS].min()
+    start = (st[:, ENTRY_NS] - t0) / 1e3
+    first = start + (st[:, wg.FIRST_DATA.value] - st[:, ENTRY_NS + 3]) / hz * 1e6  # (slot 3: the entry's cycles)
+    loop_end = start + (st[:, wg.LOOP_END.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
+    exit_ = (st[:, EXIT_NS] - t0) / 1e3
+
+    def p50(v):
+        return torch.quantile(v, 0.5).item()
+
+    return {"span": exit_.max().item(), "programs": len(st), "start_p50": p50(start), "start_max": start.max().item(),
+            "fill": p50(first - start), "steps": p50(loop_end - first), "tail": p50(exit_ - loop_end),
+            "tail_max": (exit_ - loop_end).max().item()}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, nargs="+", default=[16])
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    hz = clock_hz()
+    flush = torch.ones(256 << 20, dtype=torch.int8, device="cuda")
+    fmt = get_format("int4")
+    rows = []
+    print(f"{torch.cuda.get_device_name()}  SM clock {hz / 1e9:.2f} GHz  (us from the first program's entry)")
+    print(f"{'shape':24} {'M':>3} {'graph':>6} {'span':>6} {'progs':>5} {'split':>5} {'steps':>5} | "
+          f"{'start p50/max':>13} | {'fill':>5} {'steps':>6} {'/step':>6} {'tail':>5} {'tail max':>8}")  # fmt: skip
+    for name, n, k in SHAPES:
+        packed = fmt.random_packed((n, k), device="cuda")
+        w = resolve("int4", packed, stacked=False)
+        for m in args.m:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            tile = wg.pick_tile(m, n, sm_count(x.device))
+            one_run(x, w, flush, hz)  # compile
+            runs = [one_run(x, w, flush, hz) for _ in range(args.reps)]
+            med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            split = round(med["programs"] / -(-n // (16 * tile.warps)) / -(-m // (tile.bm or m)))
+            steps = -(-k // split // tile.bk)  # (about: splits take whole scale chunks)
+            med["graph_us"] = graph_us(call, x, w)
+            rows.append({"shape": name, "m": m, "split": split, "steps_per_program": steps, **med})
+            print(f"{name:24} {m:3} {med['graph_us']:6.1f} {med['span']:6.1f} {med['programs']:5.0f} {split:5} "
+                  f"{steps:5} | {med['start_p50']:6.1f}/{med['start_max']:6.1f} | {med['fill']:5.2f} "
+                  f"{med['steps']:6.2f} {med['steps'] / steps:6.3f} {med['tail']:5.2f} {med['tail_max']:8.2f}")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "wgmma_timeline.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
