@@ -11,6 +11,7 @@ from the first program's entry; per-program phases as medians over programs):
 - fill: entry to the first step's data (barrier set-up, descriptor fetch, the first TMA's latency);
 - steps: first data to the last wgmma (the steady state), and per step;
 - tail: last wgmma to exit (store, and with a K split the partials, the ticket and the last program's sum).
+The phases are in SM cycles (exact); entry and exit on the global timer (span, start) may be quantized to ~1 us.
 """
 
 from __future__ import annotations
@@ -63,14 +64,15 @@ def one_run(x, w, flush, hz) -> dict:
     start = (st[:, ENTRY_NS] - t0) / 1e3
     first = start + (st[:, wg.FIRST_DATA.value] - st[:, ENTRY_NS + 3]) / hz * 1e6  # (slot 3: the entry's cycles)
     loop_end = start + (st[:, wg.LOOP_END.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
+    exit_cycles = start + (st[:, wg.EXIT_CYCLES.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
     exit_ = (st[:, EXIT_NS] - t0) / 1e3
 
     def p50(v):
         return torch.quantile(v, 0.5).item()
 
     return {"span": exit_.max().item(), "programs": len(st), "start_p50": p50(start), "start_max": start.max().item(),
-            "fill": p50(first - start), "steps": p50(loop_end - first), "tail": p50(exit_ - loop_end),
-            "tail_max": (exit_ - loop_end).max().item()}  # fmt: skip
+            "fill": p50(first - start), "steps": p50(loop_end - first), "tail": p50(exit_cycles - loop_end),
+            "tail_max": (exit_cycles - loop_end).max().item()}  # fmt: skip
 
 
 def main() -> None:

@@ -55,8 +55,9 @@ MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
 SCALE_CHUNK = gl.constexpr(8)
 # Timeline stamps (kernels/timeline.py; bench/wgmma_timeline.py): cycle counts when a program's first step has
-# landed and when its last wgmma is done (entry and exit are timeline's own slots).
-FIRST_DATA, LOOP_END = gl.constexpr(CYCLES + 1), gl.constexpr(CYCLES + 2)
+# landed, when its last wgmma is done and at exit (entry and exit on the global timer are timeline's own slots; that
+# timer may tick in microseconds, the SM's cycles do not).
+FIRST_DATA, LOOP_END, EXIT_CYCLES = gl.constexpr(CYCLES + 1), gl.constexpr(CYCLES + 2), gl.constexpr(CYCLES + 3)
 
 # Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -312,6 +313,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         else:
             _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
                          stride_om, BN, BM, SPLIT, False, num_warps)
+    gluon_stamp(stamps_ptr, program, EXIT_CYCLES, STAMPS)
     gluon_stamp(stamps_ptr, program, 1, STAMPS)
 
 

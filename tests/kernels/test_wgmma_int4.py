@@ -113,8 +113,9 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
         # (halves: one per half of the activation rows; parts: each MMA partition has its own code)
         wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1) * r["parts"]
         assert r["wgmma"] == wgmmas and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
-        # Timeline stamps only when built with them: entry (global timer and cycles), first data, loop end, exit.
-        assert r["timers"] == (5 if name.endswith("-stamps") else 0), (name, r)
+        # Timeline stamps only when built with them: entry (global timer and cycles), first data, loop end, exit
+        # (cycles and global timer).
+        assert r["timers"] == (6 if name.endswith("-stamps") else 0), (name, r)
 
 
 def _run_pair_asm(word: int, byte: int, scale_bits: int) -> tuple[int, int]:
