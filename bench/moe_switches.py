@@ -32,9 +32,6 @@ SWITCHES = {
     "--no-wgmma-rows": ("orbit_lightning.kernels.wgmma_int4", "MAX_ROWS", 64,
                         "dense int4 past 64 rows: dequantize + cuBLAS (and the tile kernel), not wgmma_int4's wider "
                         "tiles (pick_tile)"),
-    "--no-wgmma-pdl": ("orbit_lightning.kernels.wgmma_int4", "PDL", False,
-                       "dense wgmma_int4 launched without PDL (its first steps' weights then load after the kernel "
-                       "before it has finished)"),
     "--fuse-wide": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 1024,
                     "candidate: q/k/v and gate/up as one stacked matmul up to 1024 rows (no autograd), not 64 "
                     "(qwen3-8b, batch 128 / 256: within noise, sixteenth session)"),

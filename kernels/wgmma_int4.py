@@ -49,7 +49,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .configs import capability, max_row_tiles, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
-from .pdl import gdc_launch_dependents, gdc_wait, use_pdl
 from .timeline import CYCLES, gluon_stamp
 
 MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
@@ -113,45 +112,23 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 
 
 @gluon.jit
-def _load_weights(x_desc, w_desc, s_desc, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, k_lo, i,
-                  GROUP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, CS: gl.constexpr,
-                  SSTAGES: gl.constexpr):
-    """Step i's words (and at a chunk's first step its scales) as their slots come free; the step's `ready` also
-    expects its activations (loaded by the caller)."""
-    if i % CS == 0:
-        c = i // CS
+def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, m_lo,
+                    k_lo, n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                    CS: gl.constexpr, SSTAGES: gl.constexpr):
+    """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
+    step's activations and words into theirs."""
+    for c in range(n_chunks):
         sslot = c % SSTAGES
         mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
         mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
         _tma_load(s_desc, [w_row, k_lo // GROUP + c * SCALE_CHUNK], s_ready.index(sslot), s_smem.index(sslot))
-    slot = i % STAGES
-    mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-    _tma_load(w_desc, [w_row, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
-
-
-@gluon.jit
-def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, m_lo,
-                    k_lo, n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                    CS: gl.constexpr, SSTAGES: gl.constexpr, PDL: gl.constexpr = False):
-    """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
-    step's words and activations into theirs. PDL (launched as a programmatic dependent): the first STAGES steps'
-    frozen words and scales load while the kernel before is still running; the activations only after its wait."""
-    n_steps = n_chunks * CS
-    first = 0
-    if PDL:
-        first = gl.minimum(n_steps, STAGES)
-        for i in range(first):
-            _load_weights(x_desc, w_desc, s_desc, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, k_lo, i,
-                          GROUP, BK, STAGES, CS, SSTAGES)
-        gdc_wait()
-        gdc_launch_dependents()
-        for i in range(first):
-            _tma_load(x_desc, [m_lo, k_lo + i * BK], ready.index(i % STAGES), x_smem.index(i % STAGES))
-    for i in range(first, n_steps):
-        _load_weights(x_desc, w_desc, s_desc, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, k_lo, i,
-                      GROUP, BK, STAGES, CS, SSTAGES)
-        _tma_load(x_desc, [m_lo, k_lo + i * BK], ready.index(i % STAGES), x_smem.index(i % STAGES))
+        for j in gl.static_range(CS):
+            i = c * CS + j
+            slot = i % STAGES
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            _tma_load(x_desc, [m_lo, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
+            _tma_load(w_desc, [w_row, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
 
 
 @gluon.jit
@@ -264,7 +241,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     program = pid_n + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
     gluon_stamp(stamps_ptr, program, 0, STAMPS)
@@ -318,7 +295,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
             (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
                               GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps, stamps_ptr, program, STAMPS)),
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
-                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, PDL)),
+                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
         ], [1], [24])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -386,10 +363,6 @@ def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, n_lo, split, m_lo, m_end,
 # pick_tile's).
 BLOCK_N, BLOCK_K, STAGES = 64, 128, 4
 PROGRAMS_PER_SM = 2  # K splits until the grid holds about this many programs per SM
-# Launched as a programmatic dependent (kernels/pdl.py): a program's set-up and the first STAGES steps' words and
-# scales overlap the kernel before it. bench/wgmma_timeline.py measured that fill at ~2 us per launch (entry to the
-# first step's data, 16 rows; a 16-row Qwen3-8B qkv runs 11.8 us). bench/moe_switches.py --no-wgmma-pdl: off.
-PDL = True
 SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them
 
 
@@ -490,8 +463,6 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
             ids: Tensor | None, grid: tuple[int, int, int], k_per_split: int, experts: int, group: int, n: int,
             bm: int, tile: Tile, stamps: Tensor | None = None) -> None:
     m, k = x.shape
-    # The dense one-partition tiles (decode batches, CUDA-graph replayed) as programmatic dependents (kernels/pdl.py)
-    pdl = PDL and experts == 0 and tile.parts == 1 and use_pdl(x.device)
     bn = 16 * tile.warps
     if max(grid[1], 1) * m * n >= 2**31:
         raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
@@ -502,7 +473,7 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
         E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
-        STAMPS=stamps is not None, PDL=pdl, launch_pdl=pdl,
+        STAMPS=stamps is not None,
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 

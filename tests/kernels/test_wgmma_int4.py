@@ -49,8 +49,7 @@ variants += [(f"rows-{name}-g32", tile, tile.bm, 32, tile is wg.ROWS, False)
 other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one partition of MMA warps, or two)
 variants += [("train-g32-other-parts", other_parts, other_parts.bm, 32, False, False),
              ("grouped-g32-other-parts", other_parts, other_parts.bm, 32, False, True)]
-variants += [("bm16-g32-split1-stamps", wg.DECODE, 16, 32, True, False),  # (bench/wgmma_timeline.py's build)
-             ("bm16-g32-split1-pdl", wg.DECODE, 16, 32, True, False)]  # (as launched: a programmatic dependent)
+variants += [("bm16-g32-split1-stamps", wg.DECODE, 16, 32, True, False)]  # (bench/wgmma_timeline.py's build)
 for name, tile, bm, group, split, grouped in variants:
     bn = 16 * tile.warps
     x = torch.empty(bm, 4096, dtype=torch.bfloat16)
@@ -66,7 +65,7 @@ for name, tile, bm, group, split, grouped in variants:
                                             [bn, wg.SCALE_CHUNK.value], gl.bfloat16))}
     const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
                  SPLIT=split, GROUPED=grouped, HALVES=tile.halves, HAS_IDS=grouped, E_POW2=128 if grouped else 1,
-                 PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, STAMPS=name.endswith("-stamps"), PDL=name.endswith("-pdl"),
+                 PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, STAMPS=name.endswith("-stamps"),
                  num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32", "ids_ptr": "*i32",
                 "stamps_ptr": "*i64"}
@@ -85,7 +84,7 @@ for name, tile, bm, group, split, grouped in variants:
     report[name] = {"bk": tile.bk, "group": group, "halves": tile.halves, "parts": tile.parts,
         "registers": usage["registers"], "spills": usage["spills"],
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
-        "timers": ptx.count("%globaltimer") + ptx.count("%clock64"), "gdc_wait": ptx.count("griddepcontrol.wait")}
+        "timers": ptx.count("%globaltimer") + ptx.count("%clock64")}
 print(json.dumps(report))
 """
 
@@ -104,23 +103,19 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
     assert set(report) == decode | {"rows-rows-g32", "rows-wide-g32", "train-g32", "grouped-g32",
                                     "grouped-g32-other-halves", "train-g32-other-parts", "grouped-g32-other-parts",
-                                    "bm16-g32-split1-stamps", "bm16-g32-split1-pdl"}
+                                    "bm16-g32-split1-stamps"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
-        # at 128; at the training tiles' 64, 4 steps; unrolled); the loader's TMA loads, a loop over steps: the
-        # scale chunk (at a chunk's first step), the words and x in 128-byte swizzle boxes (BK * 2 bytes of each row:
-        # two boxes at 128, one at 64); the PDL build has them twice (its first STAGES steps before the wait).
+        # at 128; at the training tiles' 64, 4 steps; unrolled); the loader's TMA loads: the scale chunk, then per
+        # step the words and x in 128-byte swizzle boxes (BK * 2 bytes of each row: two boxes at 128, one at 64).
         steps = kernels.wgmma_int4.SCALE_CHUNK.value * r["group"] // r["bk"]
         # (halves: one per half of the activation rows; parts: each MMA partition has its own code)
         wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1) * r["parts"]
-        tmas = (2 + r["bk"] // 64) * (2 if name.endswith("-pdl") else 1)
-        assert r["wgmma"] == wgmmas and r["tma"] == tmas, (name, r)
+        assert r["wgmma"] == wgmmas and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
         # Timeline stamps only when built with them: entry (global timer and cycles), first data, loop end, exit
         # (cycles and global timer).
         assert r["timers"] == (6 if name.endswith("-stamps") else 0), (name, r)
-        # Only the PDL build waits for the kernel before (in the loader, before the first activations' load).
-        assert (r["gdc_wait"] > 0) == name.endswith("-pdl"), (name, r)
 
 
 def _run_pair_asm(word: int, byte: int, scale_bits: int) -> tuple[int, int]:
