@@ -19,21 +19,26 @@ SLOTS = 8  # int64 per program: see the slot constants below
 # Slots: 0 entry (global ns), 1 exit (global ns), 2 SM id, 3.. cycle counters at the points a kernel marks.
 ENTRY_NS, EXIT_NS, SM_ID, CYCLES = 0, 1, 2, 3
 _SLOTS = tl.constexpr(SLOTS)
+# The special registers read, shared by the Triton and the Gluon stamps (one dialect cannot call the other's jit
+# functions, so each has its own few lines around them).
+_GLOBALTIMER = tl.constexpr("mov.u64 $0, %globaltimer;")
+_CLOCK = tl.constexpr("mov.u64 $0, %clock64;")
+_SMID = tl.constexpr("mov.u32 $0, %smid;")
 
 
 @triton.jit
 def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(_GLOBALTIMER, "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
 def _clock():
-    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(_CLOCK, "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
 def _smid():
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(_SMID, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -60,22 +65,22 @@ def linear_program():
 
 @gluon.jit
 def _gl_globaltimer():
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    return gl.inline_asm_elementwise(_GLOBALTIMER, "=l", [], dtype=gl.int64, is_pure=False, pack=1)
 
 
 @gluon.jit
 def _gl_clock():
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    return gl.inline_asm_elementwise(_CLOCK, "=l", [], dtype=gl.int64, is_pure=False, pack=1)
 
 
 @gluon.jit
 def _gl_smid():
-    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    return gl.inline_asm_elementwise(_SMID, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
 def gluon_stamp(ptr, program, slot: gl.constexpr, ON: gl.constexpr):
-    """`stamp` for Gluon kernels (wgmma_int4.py), the same slots."""
+    """`stamp` for Gluon kernels (wgmma_int4.py): the same slots and registers."""
     if ON:
         row = ptr + program.to(gl.int64) * _SLOTS
         if slot == 0:
