@@ -11,7 +11,9 @@ from the first program's entry; per-program phases as medians over programs):
 - fill: entry to the first step's data (barrier set-up, descriptor fetch, the first TMA's latency);
 - steps: first data to the last wgmma (the steady state), and per step;
 - tail: last wgmma to exit (store, and with a K split the partials, the ticket and the last program's sum).
-The phases are in SM cycles (exact); entry and exit on the global timer (span, start) may be quantized to ~1 us.
+Each phase is timed on one clock, the SM's cycles, converted at the clock a timed spin measured (if the SM runs
+slower in the kernel, all three read short alike); span and start are on the global timer. Mixing the two (the
+global timer's exit less a cycle-timed loop end) read the tail 1-2 us long.
 """
 
 from __future__ import annotations

@@ -55,8 +55,8 @@ MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
 SCALE_CHUNK = gl.constexpr(8)
 # Timeline stamps (kernels/timeline.py; bench/wgmma_timeline.py): cycle counts when a program's first step has
-# landed, when its last wgmma is done and at exit (entry and exit on the global timer are timeline's own slots; that
-# timer may tick in microseconds, the SM's cycles do not).
+# landed, when its last wgmma is done and at exit (entry and exit on the global timer are timeline's own slots). A
+# phase is timed on one clock: the global timer's exit less a cycle-timed loop end read the tail 1-2 us long.
 FIRST_DATA, LOOP_END, EXIT_CYCLES = gl.constexpr(CYCLES + 1), gl.constexpr(CYCLES + 2), gl.constexpr(CYCLES + 3)
 
 # Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
