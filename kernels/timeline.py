@@ -10,6 +10,7 @@ not Triton's interpreter.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from triton.experimental import gluon
@@ -24,6 +25,14 @@ _SLOTS = tl.constexpr(SLOTS)
 _GLOBALTIMER = tl.constexpr("mov.u64 $0, %globaltimer;")
 _CLOCK = tl.constexpr("mov.u64 $0, %clock64;")
 _SMID = tl.constexpr("mov.u32 $0, %smid;")
+
+
+def check_stamps(stamps: torch.Tensor, programs: int, device: torch.device) -> None:
+    """A kernel writes SLOTS int64 per program into `stamps` unchecked: refuse a buffer it would overrun."""
+    if (stamps.dtype != torch.int64 or not stamps.is_contiguous() or stamps.device != device
+            or stamps.numel() < programs * SLOTS):
+        raise ValueError(f"stamps: need a contiguous int64 tensor of at least [{programs}, {SLOTS}] on {device} "
+                         f"(one row per program), got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
 
 
 @triton.jit

@@ -49,7 +49,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .configs import capability, max_row_tiles, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
-from .timeline import CYCLES, gluon_stamp
+from .timeline import CYCLES, check_stamps, gluon_stamp
 
 MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
@@ -489,6 +489,10 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
     chunk = SCALE_CHUNK.value * w.group  # splits take whole scale chunks
     want = PROGRAMS_PER_SM * sm_count(x.device) // (n_tiles * m_tiles)
     k_per_split, split = split_evenly(k, max(1, min(triton.cdiv(k, chunk), want if not tile.halves else 1)), chunk)
+    if stamps is not None:
+        if tile.parts != 1:
+            raise ValueError(f"stamps: the timeline is stamped on one-partition tiles only, got {tile}")
+        check_stamps(stamps, n_tiles * split * m_tiles, x.device)
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = tickets(n_tiles * m_tiles) if split > 1 else out
     _launch(x, w.values, w.scale, out, ws, cnt, cnt, None, (n_tiles, split, m_tiles), k_per_split, 0, w.group, w.n,

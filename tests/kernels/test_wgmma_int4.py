@@ -414,3 +414,14 @@ def test_rows_the_kernel_does_not_take_dequantize_for_cublas(monkeypatch):
     with kernels.batch_invariant(), torch.no_grad():
         dequant_matmul(torch.randn(100, 1024, generator=gen, device="cuda").bfloat16(), layer)
     assert calls == []
+
+
+def test_a_stamp_buffer_the_kernel_would_overrun_is_refused():
+    """The timeline stamps are written unchecked by the kernel, so the host refuses what it would overrun."""
+    from orbit_lightning.kernels.timeline import SLOTS, check_stamps
+
+    check_stamps(torch.zeros(5, SLOTS, dtype=torch.int64), 5, torch.device("cpu"))  # (exactly one row per program)
+    for bad in (torch.zeros(4, SLOTS, dtype=torch.int64), torch.zeros(5, SLOTS, dtype=torch.int32),
+                torch.zeros(SLOTS, 5, dtype=torch.int64).T):
+        with pytest.raises(ValueError, match=r"stamps: need a contiguous int64 tensor of at least \[5, 8\]"):
+            check_stamps(bad, 5, torch.device("cpu"))
