@@ -185,12 +185,9 @@ def dq_linear_dx(dy: torch.Tensor, packed: dict) -> torch.Tensor:
     return dy @ kernels.dequantize("int4", packed, dy.dtype)
 
 
-def wgmma_dx(dy: torch.Tensor, packed: dict) -> torch.Tensor | None:
-    """The dX warpgroup-MMA kernel on a dense weight (dispatch sends it only grouped experts), None where it does not
-    run: the candidate for dense dX at 65-1024 rows, which dequantizes today."""
-    w = resolve("int4", packed, stacked=False, group_size=32)
-    if not supports_dx(dy, w):
-        return None
+def wgmma_dx(dy: torch.Tensor, w) -> torch.Tensor:
+    """The dX warpgroup-MMA kernel on a dense weight w (resolved; dispatch sends it only grouped experts): the
+    candidate for dense dX at 65-1024 rows, which dequantizes today. Where `supports_dx(dy, w)`."""
     return wgmma_int4_dx(dy, w, torch.empty(dy.shape[0], w.k, dtype=dy.dtype, device=dy.device))
 
 
@@ -220,6 +217,7 @@ def bench_dense(rep: Report) -> None:
         for layer, n, k in layers:
             w = randn(n, k, scale=0.02)
             packed = fmt.random_packed((n, k), device="cuda")
+            resolved = resolve("int4", packed, stacked=False, group_size=32)
             read_us = graph_us(read_packed, packed, torch.empty(read_programs(packed), dtype=torch.int32,
                                                                  device="cuda"))
             for m in M_SIZES:
@@ -230,8 +228,8 @@ def bench_dense(rep: Report) -> None:
                 t = {"bf16_fwd": tm(F.linear, x, w), "int4_fwd": tm(kernels.int4_linear, x, packed),
                      "bf16_dx": tm(torch.matmul, dy, w), "int4_dx": tm(kernels.int4_linear_dx, dy, packed),
                      "inv_fwd": tm(invariant, kernels.int4_linear, x, packed), "read": read_us}
-                if 64 < m <= 1024 and wgmma_dx(dy, packed) is not None:
-                    t["wg_dx"] = tm(wgmma_dx, dy, packed)
+                if 64 < m <= 1024 and supports_dx(dy, resolved):  # (checked, not launched, before timing)
+                    t["wg_dx"] = tm(wgmma_dx, dy, resolved)
                 dq = float("nan")
                 if m >= 256:
                     t["dq_fwd"], t["dq_dx"] = tm(dq_linear, x, packed), tm(dq_linear_dx, dy, packed)

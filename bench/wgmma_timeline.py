@@ -46,7 +46,7 @@ def _bench_module(name: str):
     return module
 
 
-graph_us = _bench_module("kernels").graph_us
+bench_kernels = _bench_module("kernels")
 clock_hz = _bench_module("gemv_timeline").clock_hz
 
 
@@ -55,9 +55,9 @@ def call(x, w, stamps=None):
     return wg.wgmma_int4(x, w, out, lambda c: _tickets(x.device, c), stamps=stamps)
 
 
-def one_run(x, w, flush, hz) -> dict:
+def one_run(x, w, hz) -> dict:
     stamps = torch.zeros((MAX_PROGRAMS, SLOTS), dtype=torch.int64, device="cuda")
-    flush.view(torch.int32).amax()  # (the read flush: clean lines, as in a decode step; bench/kernels.py)
+    bench_kernels._flush_l2()  # (bench/kernels.py's flush, its FLUSH_MODE: clean lines, as in a decode step)
     torch.cuda.synchronize()
     call(x, w, stamps)
     torch.cuda.synchronize()
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     hz = clock_hz()
-    flush = torch.ones(256 << 20, dtype=torch.int8, device="cuda")
+    bench_kernels._FLUSH.append(torch.ones(256 << 20, dtype=torch.int8, device="cuda"))  # (graph_us reuses it)
     fmt = get_format("int4")
     rows = []
     print(f"{torch.cuda.get_device_name()}  SM clock {hz / 1e9:.2f} GHz  (us from the first program's entry)")
@@ -95,12 +95,12 @@ def main() -> None:
         for m in args.m:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             tile = wg.pick_tile(m, n, sm_count(x.device))
-            one_run(x, w, flush, hz)  # compile
-            runs = [one_run(x, w, flush, hz) for _ in range(args.reps)]
+            one_run(x, w, hz)  # compile
+            runs = [one_run(x, w, hz) for _ in range(args.reps)]
             med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
             split = round(med["programs"] / -(-n // (16 * tile.warps)) / -(-m // (tile.bm or m)))
             steps = -(-k // split // tile.bk)  # (about: splits take whole scale chunks)
-            med["graph_us"] = graph_us(call, x, w)
+            med["graph_us"] = bench_kernels.graph_us(call, x, w)
             rows.append({"shape": name, "m": m, "split": split, "steps_per_program": steps, **med})
             print(f"{name:24} {m:3} {med['graph_us']:6.1f} {med['span']:6.1f} {med['programs']:5.0f} {split:5} "
                   f"{steps:5} | {med['start_p50']:6.1f}/{med['start_max']:6.1f} | {med['fill']:5.2f} "
