@@ -44,6 +44,7 @@ TILES = {
     "train-s": dataclasses.replace(wg.TRAIN, halves=False, parts=1),  # 256 rows, K split
     "s6": dataclasses.replace(wg.DECODE, stages=6),  # deeper rings: more weight bytes in flight per program
     "s8": dataclasses.replace(wg.DECODE, stages=8),
+    "cl": dataclasses.replace(wg.DECODE, cluster=True),  # K splits as one cluster, summed on chip; no loader warp
 }
 
 
@@ -52,7 +53,7 @@ def direct(x, pw, n: int, regs: int | None, programs: int, tile: wg.Tile | None 
     registers per thread (None: the tile's or the shipped choice) and `programs` per SM."""
     tile = tile or wg.pick_tile(x.shape[0], n, configs.sm_count(x.device))
     if regs is not None:
-        wg.max_registers = lambda bm, group: regs
+        wg.max_registers = lambda bm, group, cluster=False: regs
         tile = dataclasses.replace(tile, regs=0)
     wg.PROGRAMS_PER_SM, wg.MIN_ROWS, wg.MAX_ROWS = programs, 1, 1 << 30
     out = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda")

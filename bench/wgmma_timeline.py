@@ -1,8 +1,9 @@
 """Where the decode-tile wgmma_int4's microseconds go: per-program timestamps (kernels/timeline.py) on the GPU machine.
 
-    python bench/wgmma_timeline.py [--m 16] [--reps 5]
+    python bench/wgmma_timeline.py [--m 16] [--reps 5] [--cluster] [--programs 2]
 
-For dense decode shapes (int4 g32, the tile and K split the dispatch picks), each run starts after an L2 read flush
+For dense decode shapes (int4 g32, the tile and K split the dispatch picks; --cluster: as a cluster tile, its K
+splits summed on chip; --programs: the K-split target per SM), each run starts after an L2 read flush
 and records, per program, its SM, entry and exit on the global ns timer, and cycle counts at entry, when its first
 step's words and activations had landed, and after its last wgmma. Printed per shape (medians over --reps runs, us
 from the first program's entry; per-program phases as medians over programs):
@@ -19,6 +20,7 @@ global timer's exit less a cycle-timed loop end) read the tail 1-2 us long.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -50,16 +52,16 @@ bench_kernels = _bench_module("kernels")
 clock_hz = _bench_module("gemv_timeline").clock_hz
 
 
-def call(x, w, stamps=None):
+def call(x, w, tile, stamps=None):
     out = torch.empty(x.shape[0], w.n, dtype=torch.bfloat16, device="cuda")
-    return wg.wgmma_int4(x, w, out, lambda c: _tickets(x.device, c), stamps=stamps)
+    return wg.wgmma_int4(x, w, out, lambda c: _tickets(x.device, c), tile, stamps=stamps)
 
 
-def one_run(x, w, hz) -> dict:
+def one_run(x, w, tile, hz) -> dict:
     stamps = torch.zeros((MAX_PROGRAMS, SLOTS), dtype=torch.int64, device="cuda")
     bench_kernels._flush_l2()  # (bench/kernels.py's flush, its FLUSH_MODE: clean lines, as in a decode step)
     torch.cuda.synchronize()
-    call(x, w, stamps)
+    call(x, w, tile, stamps)
     torch.cuda.synchronize()
     st = stamps[stamps[:, ENTRY_NS] > 0].cpu().double()
     t0 = st[:, ENTRY_NS].min()
@@ -81,6 +83,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, nargs="+", default=[16])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cluster", action="store_true", help="the tile as a cluster tile (Tile.cluster)")
+    ap.add_argument("--programs", type=int, default=0, help="Tile.programs_per_sm (0: wgmma_int4's)")
     args = ap.parse_args()
     hz = clock_hz()
     bench_kernels._FLUSH.append(torch.ones(256 << 20, dtype=torch.int8, device="cuda"))  # (graph_us reuses it)
@@ -94,19 +98,23 @@ def main() -> None:
         w = resolve("int4", packed, stacked=False)
         for m in args.m:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            tile = wg.pick_tile(m, n, sm_count(x.device))
-            one_run(x, w, hz)  # compile
-            runs = [one_run(x, w, hz) for _ in range(args.reps)]
+            tile = dataclasses.replace(wg.pick_tile(m, n, sm_count(x.device)), programs_per_sm=args.programs,
+                                       cluster=args.cluster)
+            one_run(x, w, tile, hz)  # compile
+            runs = [one_run(x, w, tile, hz) for _ in range(args.reps)]
             med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-            split = round(med["programs"] / -(-n // (16 * tile.warps)) / -(-m // (tile.bm or m)))
-            steps = -(-k // split // tile.bk)  # (about: splits take whole scale chunks)
-            med["graph_us"] = bench_kernels.graph_us(call, x, w)
-            rows.append({"shape": name, "m": m, "split": split, "steps_per_program": steps, **med})
+            tiles = -(-n // (16 * tile.warps)) * -(-m // (tile.bm or m))
+            k_per_split, split = wg.split_k(k, w.group, tiles, tile, sm_count(x.device))
+            steps = k_per_split // tile.bk
+            med["graph_us"] = bench_kernels.graph_us(call, x, w, tile)
+            rows.append({"shape": name, "m": m, "cluster": args.cluster, "split": split, "steps_per_program": steps,
+                         **med})
             print(f"{name:24} {m:3} {med['graph_us']:6.1f} {med['span']:6.1f} {med['programs']:5.0f} {split:5} "
                   f"{steps:5} | {med['start_p50']:6.1f}/{med['start_max']:6.1f} | {med['fill']:5.2f} "
                   f"{med['steps']:6.2f} {med['steps'] / steps:6.3f} {med['tail']:5.2f} {med['tail_max']:8.2f}")
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "wgmma_timeline.json"), "w") as f:
+        tag = f"{'-cluster' if args.cluster else ''}{f'-p{args.programs}' if args.programs else ''}"
+        with open(os.path.join(os.environ["OUT"], f"wgmma_timeline{tag}.json"), "w") as f:
             json.dump(rows, f, indent=1)
 
 
