@@ -32,7 +32,7 @@ def clustered(jit_fn, size_arg: str):
     def compile_clustered(compile_fn):
         def compile(src, *args, **kwargs):
             kernel = compile_fn(src, *args, **kwargs)
-            return launch_as_clusters(kernel, int(src.constexprs.get((index,), 1)))
+            return launch_as_clusters(kernel, int(src.constants.get((index,), 1)))
 
         compile.clustered = True
         return compile
