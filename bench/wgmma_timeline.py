@@ -1,9 +1,9 @@
 """Where the decode-tile wgmma_int4's microseconds go: per-program timestamps (kernels/timeline.py) on the GPU machine.
 
-    python bench/wgmma_timeline.py [--m 16] [--reps 5] [--cluster] [--programs 2]
+    python bench/wgmma_timeline.py [--m 16] [--reps 5] [--cluster] [--programs 2] [--regs 80]
 
 For dense decode shapes (int4 g32, the tile and K split the dispatch picks; --cluster: as a cluster tile, its K
-splits summed on chip; --programs: the K-split target per SM), each run starts after an L2 read flush
+splits summed on chip; --programs: the K-split target per SM; --regs: registers per thread at launch), each run starts after an L2 read flush
 and records, per program, its SM, entry and exit on the global ns timer, and cycle counts at entry, when its first
 step's words and activations had landed, and after its last wgmma. Printed per shape (medians over --reps runs, us
 from the first program's entry; per-program phases as medians over programs):
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cluster", action="store_true", help="the tile as a cluster tile (Tile.cluster)")
     ap.add_argument("--programs", type=int, default=0, help="Tile.programs_per_sm (0: wgmma_int4's)")
+    ap.add_argument("--regs", type=int, default=0, help="Tile.regs (0: wgmma_int4.max_registers')")
     args = ap.parse_args()
     hz = clock_hz()
     bench_kernels._FLUSH.append(torch.ones(256 << 20, dtype=torch.int8, device="cuda"))  # (graph_us reuses it)
@@ -99,7 +100,7 @@ def main() -> None:
         for m in args.m:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             tile = dataclasses.replace(wg.pick_tile(m, n, sm_count(x.device)), programs_per_sm=args.programs,
-                                       cluster=args.cluster)
+                                       cluster=args.cluster, regs=args.regs)
             one_run(x, w, tile, hz)  # compile
             runs = [one_run(x, w, tile, hz) for _ in range(args.reps)]
             med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
@@ -113,7 +114,8 @@ def main() -> None:
                   f"{steps:5} | {med['start_p50']:6.1f}/{med['start_max']:6.1f} | {med['fill']:5.2f} "
                   f"{med['steps']:6.2f} {med['steps'] / steps:6.3f} {med['tail']:5.2f} {med['tail_max']:8.2f}")
     if os.environ.get("OUT"):
-        tag = f"{'-cluster' if args.cluster else ''}{f'-p{args.programs}' if args.programs else ''}"
+        tag = (f"{'-cluster' if args.cluster else ''}{f'-p{args.programs}' if args.programs else ''}"
+               f"{f'-r{args.regs}' if args.regs else ''}")
         with open(os.path.join(os.environ["OUT"], f"wgmma_timeline{tag}.json"), "w") as f:
             json.dump(rows, f, indent=1)
 
