@@ -3,10 +3,10 @@
     python bench/wgmma_timeline.py [--m 16] [--reps 5] [--cluster] [--programs 2] [--regs 80]
 
 For dense decode shapes (int4 g32, the tile and K split the dispatch picks; --cluster: as a cluster tile, its K
-splits summed on chip; --programs: the K-split target per SM; --regs: registers per thread at launch), each run starts after an L2 read flush
-and records, per program, its SM, entry and exit on the global ns timer, and cycle counts at entry, when its first
-step's words and activations had landed, and after its last wgmma. Printed per shape (medians over --reps runs, us
-from the first program's entry; per-program phases as medians over programs):
+splits summed on chip; --programs: the K-split target per SM; --regs: registers per thread at launch), each run
+starts after an L2 read flush and records, per program, its SM, entry and exit on the global ns timer, and cycle
+counts at entry, when its first step's words and activations had landed, and after its last wgmma. Printed per shape
+(medians over --reps runs, us from the first program's entry; per-program phases as medians over programs):
 - span: last exit; the kernel alone by graph_us for comparison; programs, K splits and steps per program;
 - start p50 / max: when programs entered;
 - fill: entry to the first step's data (barrier set-up, descriptor fetch, the first TMA's latency);
