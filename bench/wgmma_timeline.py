@@ -105,7 +105,8 @@ def main() -> None:
             runs = [one_run(x, w, tile, hz) for _ in range(args.reps)]
             med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
             tiles = -(-n // (16 * tile.warps)) * -(-m // (tile.bm or m))
-            k_per_split, split = wg.split_k(k, w.group, tiles, tile, sm_count(x.device))
+            bm = tile.bm or max(16, 1 << (m - 1).bit_length())
+            k_per_split, split = wg.split_k(k, w.group, tiles, tile, sm_count(x.device), bm)
             steps = k_per_split // tile.bk
             med["graph_us"] = bench_kernels.graph_us(call, x, w, tile)
             rows.append({"shape": name, "m": m, "cluster": args.cluster, "split": split, "steps_per_program": steps,

@@ -565,12 +565,25 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group, tile.cluster))
 
 
-def split_k(k: int, group: int, tiles: int, tile: Tile, sms: int) -> tuple[int, int]:
+SM_REGISTERS, SM_SHARED = 65536, 228 * 1024  # per SM (sm_90); each CTA also holds 1 KB of the shared memory
+
+
+def resident_programs(tile: Tile, bm: int, group: int) -> int:
+    """Programs of `tile` (bm activation rows) one SM holds at once: by registers, the launch cap over all warps (a
+    warp-specialized program's loader warp rounds up to a warpgroup), and by the rings' shared memory."""
+    threads = 32 * (tile.warps if tile.cluster else tile.warps + 4)
+    regs = tile.regs or max_registers(bm, group, tile.cluster)
+    bn = 16 * tile.warps
+    ring = tile.stages * (bm * tile.bk * 2 + bn * tile.bk // 2) + SCALE_STAGES * bn * SCALE_CHUNK.value * 2
+    return max(1, min(SM_REGISTERS // (threads * regs), SM_SHARED // (ring + 2048)))
+
+
+def split_k(k: int, group: int, tiles: int, tile: Tile, sms: int, bm: int) -> tuple[int, int]:
     """(K per split, splits) for `tiles` output tiles on `sms` SMs: enough splits of whole scale chunks for about
-    the tile's programs_per_sm (PROGRAMS_PER_SM) programs per SM; none with halves; at most a cluster's worth for a
-    cluster tile."""
+    the tile's programs_per_sm (PROGRAMS_PER_SM; 0: as many as the SMs hold at once, resident_programs) programs
+    per SM; none with halves; at most a cluster's worth for a cluster tile."""
     chunk = SCALE_CHUNK.value * group
-    want = (tile.programs_per_sm or PROGRAMS_PER_SM) * sms // tiles
+    want = (tile.programs_per_sm or PROGRAMS_PER_SM or resident_programs(tile, bm, group)) * sms // tiles
     if tile.cluster:
         want = min(want, cluster.MAX_SIZE)
     return split_evenly(k, max(1, min(triton.cdiv(k, chunk), want if not tile.halves else 1)), chunk)
@@ -585,7 +598,7 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
     tile = tile or pick_tile(m, w.n, sm_count(x.device))
     bm = tile.bm or max(16, triton.next_power_of_2(m))
     n_tiles, m_tiles = triton.cdiv(w.n, 16 * tile.warps), triton.cdiv(m, bm)
-    k_per_split, split = split_k(k, w.group, n_tiles * m_tiles, tile, sm_count(x.device))
+    k_per_split, split = split_k(k, w.group, n_tiles * m_tiles, tile, sm_count(x.device), bm)
     if stamps is not None:
         if tile.parts != 1:
             raise ValueError(f"stamps: the timeline is stamped on one-partition tiles only, got {tile}")
