@@ -7,9 +7,10 @@ For the 12 dense shapes of bench/kernels.py at each M: bf16 cuBLAS, the dispatch
 the tile kernel, or the decode GEMVs at M <= 16), from 65 rows also the one-pass dequantize + cuBLAS ("dq", what
 quant/dispatch.py runs above FUSED_MAX_ROWS), and the wgmma kernel called directly for each tile of --tiles (TILES
 below; "ship": the tile dense_gemm picks for M), register cap per thread (r80: 80; "ship": the tile's own or
-wgmma_int4.max_registers) and K-split target (p2: wgmma_int4.PROGRAMS_PER_SM = 2). graph_us in microseconds up to M =
-1024, do_bench medians above; ratios are bf16 time / kernel time, geomean over the shapes; errors are max |y - fp32
-reference| over max |reference|. Behind bench/RESULTS.md's wgmma tables (twelfth to sixteenth sessions).
+wgmma_int4.max_registers) and K-split target per SM (p0: one full wave of resident programs, what
+wgmma_int4.PROGRAMS_PER_SM = 0 ships). graph_us in microseconds up to M = 1024, do_bench medians above; ratios are
+bf16 time / kernel time, geomean over the shapes; errors are max |y - fp32 reference| over max |reference|. Behind
+bench/RESULTS.md's wgmma tables (twelfth to eighteenth sessions).
 """
 import argparse
 import dataclasses
@@ -44,7 +45,6 @@ TILES = {
     "train-s": dataclasses.replace(wg.TRAIN, halves=False, parts=1),  # 256 rows, K split
     "s6": dataclasses.replace(wg.DECODE, stages=6),  # deeper rings: more weight bytes in flight per program
     "s8": dataclasses.replace(wg.DECODE, stages=8),
-    "cl": dataclasses.replace(wg.DECODE, cluster=True),  # K splits as one cluster, summed on chip; no loader warp
 }
 
 
@@ -53,7 +53,7 @@ def direct(x, pw, n: int, regs: int | None, programs: int, tile: wg.Tile | None 
     registers per thread (None: the tile's or the shipped choice) and `programs` per SM."""
     tile = tile or wg.pick_tile(x.shape[0], n, configs.sm_count(x.device))
     if regs is not None:
-        wg.max_registers = lambda bm, group, cluster=False: regs
+        wg.max_registers = lambda bm, group: regs
         tile = dataclasses.replace(tile, regs=0)
     wg.PROGRAMS_PER_SM, wg.MIN_ROWS, wg.MAX_ROWS = programs, 1, 1 << 30
     out = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda")

@@ -46,7 +46,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from . import cluster
 from .configs import capability, max_row_tiles, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
@@ -113,49 +112,33 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 
 
 @gluon.jit
-def _load_scales(s_desc, s_smem, s_ready, w_row, k_lo, c, GROUP: gl.constexpr, SSTAGES: gl.constexpr):
-    """TMA load of scale chunk c (CS steps' worth) into its ring slot."""
-    sslot = c % SSTAGES
-    mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
-    _tma_load(s_desc, [w_row, k_lo // GROUP + c * SCALE_CHUNK], s_ready.index(sslot), s_smem.index(sslot))
-
-
-@gluon.jit
-def _load_step(x_desc, w_desc, x_smem, w_smem, ready, w_row, m_lo, k_lo, i, BK: gl.constexpr, STAGES: gl.constexpr):
-    """TMA loads of step i's activations and words into its ring slot."""
-    slot = i % STAGES
-    mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-    _tma_load(x_desc, [m_lo, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
-    _tma_load(w_desc, [w_row, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
-
-
-@gluon.jit
 def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, m_lo,
                     k_lo, n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                     CS: gl.constexpr, SSTAGES: gl.constexpr):
     """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
     step's activations and words into theirs."""
     for c in range(n_chunks):
-        mbarrier.wait(s_empty.index(c % SSTAGES), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
-        _load_scales(s_desc, s_smem, s_ready, w_row, k_lo, c, GROUP, SSTAGES)
+        sslot = c % SSTAGES
+        mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
+        mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
+        _tma_load(s_desc, [w_row, k_lo // GROUP + c * SCALE_CHUNK], s_ready.index(sslot), s_smem.index(sslot))
         for j in gl.static_range(CS):
             i = c * CS + j
-            mbarrier.wait(empty.index(i % STAGES), ((i // STAGES) & 1) ^ 1)
-            _load_step(x_desc, w_desc, x_smem, w_smem, ready, w_row, m_lo, k_lo, i, BK, STAGES)
+            slot = i % STAGES
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            _tma_load(x_desc, [m_lo, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
+            _tma_load(w_desc, [w_row, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
 
 
 @gluon.jit
 def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows, ROW0: gl.constexpr,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                    CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr,
-                   stamps_ptr=None, program=0, STAMPS: gl.constexpr = False, loads=None,
-                   INLINE: gl.constexpr = False):
+                   stamps_ptr=None, program=0, STAMPS: gl.constexpr = False):
     """MMA warps: decode each step's words (the BN weight rows from ROW0 of the slot's tile) into wgmma's register
     operand and multiply. HALVES: the BM activation rows as two halves with their own accumulators, the second
-    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few). INLINE: no
-    loader partition; these warps issue the TMA loads themselves (loads = (x_desc, w_desc, s_desc, w_row, m_lo,
-    k_lo)): the first STAGES steps and SSTAGES scale chunks up front, then each slot's next fill as soon as every
-    warp has read it."""
+    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few)."""
     HM: gl.constexpr = BM // 2 if HALVES else BM
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, HM, 16])
@@ -175,14 +158,6 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
     if HALVES:
         acc_hi = gl.zeros([BN, HM], gl.float32, acc_layout)
         two = rows > HM
-    if INLINE:
-        x_desc, w_desc, s_desc, w_row, m_lo, k_lo = loads
-        for c0 in gl.static_range(SSTAGES):
-            if c0 < n_chunks:
-                _load_scales(s_desc, s_smem, s_ready, w_row, k_lo, c0, GROUP, SSTAGES)
-        for i0 in gl.static_range(STAGES):
-            if i0 < n_chunks * CS:
-                _load_step(x_desc, w_desc, x_smem, w_smem, ready, w_row, m_lo, k_lo, i0, BK, STAGES)
     for c in range(n_chunks):
         sslot = c % SSTAGES
         mbarrier.wait(s_ready.index(sslot), (c // SSTAGES) & 1)
@@ -212,18 +187,9 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
             else:
                 acc = warpgroup_mma(a, x_smem.index(slot).permute((1, 0)), acc)
             fence_async_shared()  # (this step's words were read by ordinary loads; the slot's next fill is by TMA)
-            if INLINE:
-                _cta_barrier()  # (every warp has read the slot, and at a chunk's last step its scales)
-                if i + STAGES < n_chunks * CS:
-                    _load_step(x_desc, w_desc, x_smem, w_smem, ready, w_row, m_lo, k_lo, i + STAGES, BK, STAGES)
-                if j == CS - 1:
-                    if c + SSTAGES < n_chunks:
-                        _load_scales(s_desc, s_smem, s_ready, w_row, k_lo, c + SSTAGES, GROUP, SSTAGES)
-            else:
-                mbarrier.arrive(empty.index(slot))
-        if not INLINE:
-            fence_async_shared()
-            mbarrier.arrive(s_empty.index(sslot))
+            mbarrier.arrive(empty.index(slot))
+        fence_async_shared()
+        mbarrier.arrive(s_empty.index(sslot))
     gluon_stamp(stamps_ptr, program, LOOP_END, STAMPS)
     if not HALVES:
         acc_hi = acc  # (one result or two, the same tuple type)
@@ -275,16 +241,11 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, CLUSTER: gl.constexpr,
-                       num_warps: gl.constexpr):
-    program = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, num_warps: gl.constexpr):
+    pid_n = gl.program_id(0)
+    program = pid_n + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
     gluon_stamp(stamps_ptr, program, 0, STAMPS)
-    if CLUSTER > 0:  # (CLUSTER K splits of each N tile as one cluster: consecutive CTAs along x, rank = split)
-        pid_n = gl.program_id(0) // CLUSTER
-        split = gl.program_id(0) % CLUSTER
-    else:
-        pid_n = gl.program_id(0)
-        split = gl.program_id(1)
+    split = gl.program_id(1)
     k_lo = split * k_per_split
     # Whole chunks of CS steps (k_per_split is a multiple of CS * BK); steps past K read zeros (TMA's bounds).
     CS: gl.constexpr = SCALE_CHUNK * GROUP // BK
@@ -329,10 +290,6 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
                                m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
         ], [num_warps, 1], [WORKER_REGS, 24])
-    elif CLUSTER > 0:  # (a cluster barrier needs every thread of the CTA: no warp specialization)
-        results = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
-                                 GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps, stamps_ptr, program,
-                                 STAMPS, (x_desc, w_desc, s_desc, w_row, m_lo, k_lo), True)
     else:
         results = gl.warp_specialize([
             (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
@@ -353,42 +310,11 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                          stride_om, BN, BM // 2, False, False, num_warps)
             _store_block(results[1], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo + BM // 2, m_end, M, N,
                          n_splits, stride_om, BN, BM // 2, False, False, num_warps)
-        elif CLUSTER > 1:
-            acc = _cluster_sum(results[0], split, BN, BM, CLUSTER)
-            if split == 0:
-                _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, 0, m_lo, m_end, M, N, 1, stride_om,
-                             BN, BM, False, False, num_warps)
-            cluster.wait()
         else:
             _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
                          stride_om, BN, BM, SPLIT, False, num_warps)
     gluon_stamp(stamps_ptr, program, EXIT_CYCLES, STAMPS)
     gluon_stamp(stamps_ptr, program, 1, STAMPS)
-
-
-cluster.clustered(_wgmma_int4_kernel, "CLUSTER")  # (binaries with CLUSTER > 1 launch as clusters of that many)
-
-
-@gluon.jit
-def _cluster_sum(acc, split, BN: gl.constexpr, BM: gl.constexpr, SIZE: gl.constexpr):
-    """On cluster rank 0, the sum of the SIZE K-split partials [BN, BM] of the cluster's CTAs in rank order (its own
-    first), read from the others' shared memory (kernels/cluster.py); the other ranks' acc comes back as it was.
-    Every CTA arrives once more after rank 0's reads, and the caller waits before it exits: no CTA leaves while its
-    shared memory is being read. Called after the main loop, when the ring is dead and its barriers invalidated."""
-    layout: gl.constexpr = acc.type.layout
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, BM, layout=gl.SliceLayout(0, layout))
-    offsets = (gl.expand_dims(rows, 1) * BM + gl.expand_dims(cols, 0)) * 4
-    _cta_barrier()  # (every warp past its last read of the ring, which the partials overwrite)
-    if split > 0:
-        cluster.store_local(acc, offsets)
-    cluster.arrive()
-    cluster.wait()
-    if split == 0:
-        for peer in gl.static_range(1, SIZE):
-            acc += cluster.load_peer(offsets, peer)
-    cluster.arrive()
-    return acc
 
 
 @gluon.jit
@@ -436,18 +362,19 @@ def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, n_lo, split, m_lo, m_end,
 # (twelfth session, not understood; the sixteenth's sweep ran that tile at 168 registers correctly, and slower than
 # pick_tile's).
 BLOCK_N, BLOCK_K, STAGES = 64, 128, 4
-PROGRAMS_PER_SM = 2  # K splits until the grid holds about this many programs per SM
+# K splits until the grid holds about this many programs per SM; 0: as many as the SMs hold at once
+# (resident_programs: 3 at 16-32 rows, 2 at 64, by shared memory). A second wave would start only as the first ends,
+# and paid for itself nowhere (bench/RESULTS.md, eighteenth session: at 16 rows 2 per SM 1.48x bf16, one full wave
+# 1.51, 4 per SM at 3 resident 1.32).
+PROGRAMS_PER_SM = 0
 SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them
 
 
-def max_registers(bm: int, group: int, cluster: bool = False) -> int:
+def max_registers(bm: int, group: int) -> int:
     """Registers per thread at launch. 80 (the loader warp gives its share to the MMA warps) fits three programs per
     SM, which measured faster at M <= 32 (1.70 / 1.60x bf16 at M = 16 / 32 against 1.59 / 1.49 at 128) and no slower
-    at 64; only 64 rows with group 128 spill there (compile test), and keep 128 (a cluster tile, whose MMA warps also
-    issue the loads, 168: with triton 3.9 it spilled at 128)."""
-    if bm == 64 and group == 128:
-        return 168 if cluster else 128
-    return 80
+    at 64; only 64 rows with group 128 spill there (compile test), and keep 128."""
+    return 128 if bm == 64 and group == 128 else 80
 
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
@@ -492,18 +419,11 @@ class Tile:
     # own arrivals on the ring's barriers: one partition steps in lockstep (a barrier over all its warps each step),
     # parts drift apart, so one's decode overlaps another's synchronous wgmma. parts = 2 needs 8 warps and halves.
     parts: int = 1
-    # The K splits of each N tile as one thread-block cluster, summed on chip through distributed shared memory (no
-    # fp32 partials in global memory, no ticket, no last program's sum); the MMA warps issue their own TMA loads (a
-    # cluster barrier needs every thread, so no loader partition). Up to cluster.MAX_SIZE splits.
-    cluster: bool = False
-    programs_per_sm: int = 0  # K splits until the grid holds about this many programs per SM (0: PROGRAMS_PER_SM)
+    programs_per_sm: int = 0  # the K-split target (split_k; 0: PROGRAMS_PER_SM's)
 
     def __post_init__(self):
         if self.parts not in (1, 2) or (self.parts == 2 and (self.warps != 8 or not self.halves)):
             raise ValueError(f"Tile.parts={self.parts}: 1, or 2 with 8 warps and halves (got warps={self.warps}, "
-                             f"halves={self.halves})")
-        if self.cluster and (self.parts != 1 or self.halves):
-            raise ValueError(f"Tile.cluster: one partition without halves (got parts={self.parts}, "
                              f"halves={self.halves})")
 
 
@@ -551,9 +471,6 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
     bn = 16 * tile.warps
     if max(grid[1], 1) * m * n >= 2**31:
         raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
-    clusters = 0
-    if tile.cluster:  # (the launch makes grid[0] x CLUSTER CTAs along x: kernels/cluster.py)
-        clusters, grid = grid[1], (grid[0], 1, grid[2])
     _wgmma_int4_kernel[grid](
         _desc(x, [bm, tile.bk], "bf16"), _desc(values, [bn, tile.bk // 8], "int32"),
         _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids,
@@ -561,31 +478,30 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
         E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
-        STAMPS=stamps is not None, CLUSTER=clusters,
-        num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group, tile.cluster))
+        STAMPS=stamps is not None,
+        num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
 SM_REGISTERS, SM_SHARED = 65536, 228 * 1024  # per SM (sm_90); each CTA also holds 1 KB of the shared memory
 
 
 def resident_programs(tile: Tile, bm: int, group: int) -> int:
-    """Programs of `tile` (bm activation rows) one SM holds at once: by registers, the launch cap over all warps (a
-    warp-specialized program's loader warp rounds up to a warpgroup), and by the rings' shared memory."""
-    threads = 32 * (tile.warps if tile.cluster else tile.warps + 4)
-    regs = tile.regs or max_registers(bm, group, tile.cluster)
+    """Programs of `tile` (bm activation rows) one SM holds at once: by registers, the launch cap over all warps (the
+    loader warp rounds up to a warpgroup: setmaxnreg moves registers within a program, not between programs), and
+    by the rings' shared memory."""
+    threads = 32 * (tile.warps + 4)
+    regs = tile.regs or max_registers(bm, group)
     bn = 16 * tile.warps
     ring = tile.stages * (bm * tile.bk * 2 + bn * tile.bk // 2) + SCALE_STAGES * bn * SCALE_CHUNK.value * 2
     return max(1, min(SM_REGISTERS // (threads * regs), SM_SHARED // (ring + 2048)))
 
 
 def split_k(k: int, group: int, tiles: int, tile: Tile, sms: int, bm: int) -> tuple[int, int]:
-    """(K per split, splits) for `tiles` output tiles on `sms` SMs: enough splits of whole scale chunks for about
-    the tile's programs_per_sm (PROGRAMS_PER_SM; 0: as many as the SMs hold at once, resident_programs) programs
-    per SM; none with halves; at most a cluster's worth for a cluster tile."""
+    """(K per split, splits) for `tiles` output tiles of bm activation rows on `sms` SMs: enough splits of whole
+    scale chunks for about the tile's programs_per_sm (else PROGRAMS_PER_SM; 0: one full wave, resident_programs)
+    programs per SM; none with halves."""
     chunk = SCALE_CHUNK.value * group
     want = (tile.programs_per_sm or PROGRAMS_PER_SM or resident_programs(tile, bm, group)) * sms // tiles
-    if tile.cluster:
-        want = min(want, cluster.MAX_SIZE)
     return split_evenly(k, max(1, min(triton.cdiv(k, chunk), want if not tile.halves else 1)), chunk)
 
 
@@ -603,9 +519,8 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
         if tile.parts != 1:
             raise ValueError(f"stamps: the timeline is stamped on one-partition tiles only, got {tile}")
         check_stamps(stamps, n_tiles * split * m_tiles, x.device)
-    partials = split > 1 and not tile.cluster  # (a cluster sums on chip)
-    ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if partials else out
-    cnt = tickets(n_tiles * m_tiles) if partials else out
+    ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
+    cnt = tickets(n_tiles * m_tiles) if split > 1 else out
     _launch(x, w.values, w.scale, out, ws, cnt, cnt, None, (n_tiles, split, m_tiles), k_per_split, 0, w.group, w.n,
             bm, tile, stamps)
     return out

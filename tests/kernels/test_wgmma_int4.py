@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
-from orbit_lightning.kernels import cluster, wgmma_int4 as wg
+from orbit_lightning.kernels import wgmma_int4 as wg
 from tests.kernels.sm90_compile import ptxas_usage
 
 names = list(inspect.signature(wg._wgmma_int4_kernel.fn).parameters)
@@ -50,10 +50,6 @@ other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one pa
 variants += [("train-g32-other-parts", other_parts, other_parts.bm, 32, False, False),
              ("grouped-g32-other-parts", other_parts, other_parts.bm, 32, False, True)]
 variants += [("bm16-g32-split1-stamps", wg.DECODE, 16, 32, True, False)]  # (bench/wgmma_timeline.py's build)
-# The cluster tile (its splits summed on chip; named by cluster size) at both ends of the decode rows and groups.
-clustered = dataclasses.replace(wg.DECODE, cluster=True)
-variants += [("cluster4-bm16-g32", clustered, 16, 32, False, False),
-             ("cluster2-bm64-g128", clustered, 64, 128, False, False)]
 for name, tile, bm, group, split, grouped in variants:
     bn = 16 * tile.warps
     x = torch.empty(bm, 4096, dtype=torch.bfloat16)
@@ -70,7 +66,7 @@ for name, tile, bm, group, split, grouped in variants:
     const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
                  SPLIT=split, GROUPED=grouped, HALVES=tile.halves, HAS_IDS=grouped, E_POW2=128 if grouped else 1,
                  PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, STAMPS=name.endswith("-stamps"),
-                 CLUSTER=int(name[7]) if tile.cluster else 0, num_warps=tile.warps // tile.parts)
+                 num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32", "ids_ptr": "*i32",
                 "stamps_ptr": "*i64"}
     sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
@@ -82,17 +78,13 @@ for name, tile, bm, group, split, grouped in variants:
                          constexprs={(names.index(k),): v for k, v in const.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=tile.warps // tile.parts,
-                                           maxnreg=tile.regs or wg.max_registers(bm, group, tile.cluster)))
+                                           maxnreg=tile.regs or wg.max_registers(bm, group)))
     ptx = compiled.asm["ptx"]
-    packed = cluster.launch_as_clusters(compiled, const["CLUSTER"]).packed_metadata
     usage = ptxas_usage(ptx)
-    report[name] = {"bk": tile.bk, "bm": bm, "group": group, "halves": tile.halves, "parts": tile.parts,
+    report[name] = {"bk": tile.bk, "group": group, "halves": tile.halves, "parts": tile.parts,
         "registers": usage["registers"], "spills": usage["spills"],
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
-        "timers": ptx.count("%globaltimer") + ptx.count("%clock64"), "cluster": const["CLUSTER"],
-        "cluster_arrives": ptx.count("barrier.cluster.arrive"),
-        "cluster_waits": ptx.count("barrier.cluster.wait"), "peer_loads": ptx.count("ld.shared::cluster"),
-        "launch_ctas": packed[1]}
+        "timers": ptx.count("%globaltimer") + ptx.count("%clock64")}
 print(json.dumps(report))
 """
 
@@ -111,7 +103,7 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
     assert set(report) == decode | {"rows-rows-g32", "rows-wide-g32", "train-g32", "grouped-g32",
                                     "grouped-g32-other-halves", "train-g32-other-parts", "grouped-g32-other-parts",
-                                    "bm16-g32-split1-stamps", "cluster4-bm16-g32", "cluster2-bm64-g128"}
+                                    "bm16-g32-split1-stamps"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
@@ -120,21 +112,7 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
         steps = kernels.wgmma_int4.SCALE_CHUNK.value * r["group"] // r["bk"]
         # (halves: one per half of the activation rows; parts: each MMA partition has its own code)
         wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1) * r["parts"]
-        # A cluster tile issues its own loads from all four MMA warps, the activations' 128-byte boxes each from a
-        # warp of its own (one instruction), and also the first SCALE_STAGES chunks and STAGES steps up front.
-        per_step = 2 if r["cluster"] else 1 + r["bk"] // 64
-        wg = kernels.wgmma_int4
-        upfront = wg.SCALE_STAGES + wg.STAGES * per_step if r["cluster"] else 0
-        assert r["wgmma"] == wgmmas and r["tma"] == upfront + 1 + per_step * steps, (name, r)
-        # Launched as clusters of CLUSTER CTAs; the on-chip sum between cluster barriers (two arrivals and two waits
-        # per CTA, which the compiler may duplicate into both ranks' branches) reads the 64 x bm fp32 partial of
-        # every other rank, bm / 2 values per thread.
-        assert r["launch_ctas"] == max(r["cluster"], 1), (name, r)
-        if r["cluster"]:
-            assert r["cluster_arrives"] >= 2 and r["cluster_waits"] >= 2, (name, r)
-            assert r["peer_loads"] == r["bm"] // 2 * (r["cluster"] - 1), (name, r)
-        else:
-            assert r["cluster_arrives"] == r["cluster_waits"] == r["peer_loads"] == 0, (name, r)
+        assert r["wgmma"] == wgmmas and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
         # Timeline stamps only when built with them: entry (global timer and cycles), first data, loop end, exit
         # (cycles and global timer).
         assert r["timers"] == (6 if name.endswith("-stamps") else 0), (name, r)
@@ -220,42 +198,6 @@ def test_against_fp64_where_dense_gemm_sends_it(fmt, n, k, m, monkeypatch):
     assert_within(y, ref_b, 2.0**-8 * ref_b.abs() + k * 2.0**-23 * (x.double().abs() @ wb.abs().T))
     # The split partials are summed in a fixed order: a second launch is bit-identical.
     assert torch.equal(kernels.dequant_linear(x, fmt, packed), y)
-
-
-@gpu
-@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-@pytest.mark.parametrize("programs", [2, 6])
-@pytest.mark.parametrize("fmt,n,k,m", CASES)
-def test_the_cluster_tile_sums_its_splits_on_chip_to_the_shipped_bits(fmt, n, k, m, programs):
-    """The cluster tile (the K splits of an N tile as one cluster, summed through distributed shared memory) on
-    CASES, at 2 and 6 programs per SM (up to 8 splits): within the bf16-weights bound, bitwise the same on a second
-    launch, and, where it splits K as the shipped tile does, bitwise equal to it (the same fp32 partials summed in
-    the same split order; rank 0 starts from its own partial where the ticket's sum starts from zero, which adds
-    nothing)."""
-    from orbit_lightning.kernels import wgmma_int4 as wg
-    from orbit_lightning.kernels.configs import sm_count
-    from orbit_lightning.kernels.formats import resolve
-    from orbit_lightning.kernels.gemm import _tickets
-
-    packed, _ = random_weight(fmt, (n, k), seed=n + k, device="cuda")
-    pw = resolve(fmt, packed, stacked=False)
-    x = torch.randn(m, k, generator=torch.Generator("cuda").manual_seed(m), device="cuda").bfloat16()
-    tile = dataclasses.replace(wg.DECODE, cluster=True, programs_per_sm=programs)
-    shipped = dataclasses.replace(wg.DECODE, programs_per_sm=programs)
-
-    def run(t):
-        return wg.wgmma_int4(x, pw, torch.empty(m, n, dtype=torch.bfloat16, device="cuda"),
-                             lambda c: _tickets(x.device, c), t)
-
-    y = run(tile)
-    wb = kernels.dequantize(fmt, packed).double()
-    ref_b = x.double() @ wb.T
-    assert_within(y, ref_b, 2.0**-8 * ref_b.abs() + k * 2.0**-23 * (x.double().abs() @ wb.abs().T))
-    assert torch.equal(run(tile), y)
-    tiles, sms = -(-n // (16 * tile.warps)), sm_count(x.device)
-    bm = max(16, 1 << (m - 1).bit_length())
-    if wg.split_k(k, pw.group, tiles, tile, sms, bm) == wg.split_k(k, pw.group, tiles, shipped, sms, bm):
-        assert torch.equal(run(shipped), y)
 
 
 @gpu
