@@ -90,7 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, nargs="+", default=[16])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--programs", type=int, default=0, help="Tile.programs_per_sm (0: wgmma_int4's)")
+    ap.add_argument("--programs", type=int, default=None, help="Tile.programs_per_sm (0: one full wave)")
     ap.add_argument("--regs", type=int, default=0, help="Tile.regs (0: wgmma_int4.max_registers')")
     args = ap.parse_args()
     hz = clock_hz()
@@ -123,7 +123,7 @@ def main() -> None:
                   f"{med['end_p50']:7.1f}/{med['end_max']:7.1f} {med['end_busiest']:5.1f} ({med['sm_load_max']:.0f}) "
                   f"/{med['end_idlest']:5.1f} ({med['sm_load_min']:.0f})")
     if os.environ.get("OUT"):
-        tag = f"{f'-p{args.programs}' if args.programs else ''}{f'-r{args.regs}' if args.regs else ''}"
+        tag = f"{'' if args.programs is None else f'-p{args.programs}'}{f'-r{args.regs}' if args.regs else ''}"
         with open(os.path.join(os.environ["OUT"], f"wgmma_timeline{tag}.json"), "w") as f:
             json.dump(rows, f, indent=1)
 

@@ -363,10 +363,10 @@ def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, n_lo, split, m_lo, m_end,
 # pick_tile's).
 BLOCK_N, BLOCK_K, STAGES = 64, 128, 4
 # K splits until the grid holds about this many programs per SM; 0: as many as the SMs hold at once
-# (resident_programs: 3 at 16-32 rows, 2 at 64, by shared memory). A second wave would start only as the first ends,
-# and paid for itself nowhere (bench/RESULTS.md, eighteenth session: at 16 rows 2 per SM 1.48x bf16, one full wave
-# 1.51, 4 per SM at 3 resident 1.32).
-PROGRAMS_PER_SM = 0
+# (resident_programs: 3 at 16-32 rows, 2 at 64, by shared memory). One full wave measured the same as 2 in the
+# sweep (eighteenth session: 1.48x bf16 at 16 rows either way) and slightly slower end to end (qwen3-8b decode at
+# batch 16 / 32: 1.51 / 1.60 ms per step against 1.44 / 1.56), so 2 stays.
+PROGRAMS_PER_SM = 2
 SCALE_STAGES = 4  # scale chunks in flight: at group 32 a chunk is 2 steps, so the 4-step ring spans 2-3 of them
 
 
@@ -419,7 +419,7 @@ class Tile:
     # own arrivals on the ring's barriers: one partition steps in lockstep (a barrier over all its warps each step),
     # parts drift apart, so one's decode overlaps another's synchronous wgmma. parts = 2 needs 8 warps and halves.
     parts: int = 1
-    programs_per_sm: int = 0  # the K-split target (split_k; 0: PROGRAMS_PER_SM's)
+    programs_per_sm: int | None = None  # the K-split target per SM (split_k; None: PROGRAMS_PER_SM)
 
     def __post_init__(self):
         if self.parts not in (1, 2) or (self.parts == 2 and (self.warps != 8 or not self.halves)):
@@ -498,10 +498,11 @@ def resident_programs(tile: Tile, bm: int, group: int) -> int:
 
 def split_k(k: int, group: int, tiles: int, tile: Tile, sms: int, bm: int) -> tuple[int, int]:
     """(K per split, splits) for `tiles` output tiles of bm activation rows on `sms` SMs: enough splits of whole
-    scale chunks for about the tile's programs_per_sm (else PROGRAMS_PER_SM; 0: one full wave, resident_programs)
+    scale chunks for about the tile's programs_per_sm (None: PROGRAMS_PER_SM; 0: one full wave, resident_programs)
     programs per SM; none with halves."""
     chunk = SCALE_CHUNK.value * group
-    want = (tile.programs_per_sm or PROGRAMS_PER_SM or resident_programs(tile, bm, group)) * sms // tiles
+    target = PROGRAMS_PER_SM if tile.programs_per_sm is None else tile.programs_per_sm
+    want = (target or resident_programs(tile, bm, group)) * sms // tiles
     return split_evenly(k, max(1, min(triton.cdiv(k, chunk), want if not tile.halves else 1)), chunk)
 
 

@@ -168,12 +168,11 @@ def _spy(monkeypatch) -> list:
 
 
 # (format, N, K, M), with the K splits and steps per split an H200 (132 SMs) gives them (splits take whole scale
-# chunks of 8 groups: 2 steps at group 32, 8 at 128; one full wave of resident programs): N off the 64-row tile, 5
-# splits of 1 chunk; 9 rows (group 128, 4 splits of 8 steps) and 16 (6 splits, the last of 2 steps, not 6) on 16-row
-# tiles; a shorter last split (chunks 2, 2, 2, 2, 2, 1); no split and 32 steps, so the 4-slot ring and the scale ring
-# wrap (N = 17408 alone fills the GPU); 2 splits of 4 steps; 48 of 2; group 128 with 2 splits of 8 steps, 4 of 8 at
-# 64 rows (where keeping a wgmma in flight returned NaNs), 4 of 8 at 32 activation rows per tile, and no split of 5
-# chunks at 16 and 64 rows (the scale ring wraps at group 128).
+# chunks of 8 groups: 2 steps at group 32, 8 at 128): N off the 64-row tile, 5 splits of 1 chunk; 9 rows (group 128,
+# 2 splits of 16 steps) and 16 (4 of 8) on 16-row tiles; a shorter last split (chunks 3, 3, 3, 2); no split and 32
+# steps, so the 4-slot ring and the scale ring wrap (N = 17408 alone fills the GPU); 2 splits of 4 steps; 48 of 2;
+# group 128 with 2 splits of 8 steps, 4 of 8 at 64 rows (where keeping a wgmma in flight returned NaNs), 4 of 8 at 32
+# activation rows per tile, and no split of 5 chunks at 16 and 64 rows (the scale ring wraps at group 128).
 CASES = [("int4", 200, 1280, 17), ("int4-g128", 6144, 4096, 9), ("int4", 4096, 4096, 16), ("int4", 4096, 2816, 16),
          ("int4", 17408, 4096, 32), ("int4", 8192, 1024, 64), ("int4", 192, 12288, 33), ("int4-g128", 320, 2048, 48),
          ("int4-g128", 4096, 4096, 64), ("int4-g128", 1024, 4096, 17), ("int4-g128", 16896, 5120, 16),
@@ -428,15 +427,15 @@ def test_a_stamp_buffer_the_kernel_would_overrun_is_refused():
             check_stamps(bad, 5, torch.device("cpu"))
 
 
-def test_k_splits_fill_one_wave_of_resident_programs():
-    """PROGRAMS_PER_SM = 0: the K splits give as many programs as the SMs hold at once, never a second wave. Programs
+def test_a_k_split_target_of_zero_fills_one_wave_of_resident_programs():
+    """programs_per_sm = 0: the K splits give as many programs as the SMs hold at once, never a second wave. Programs
     per SM follow from sm_90's 64k registers (launch cap x the MMA warps and a loader warpgroup) and 228 KB of shared
     memory (the rings at 64 rows take 84 KB)."""
     from orbit_lightning.kernels import wgmma_int4 as wg
 
-    assert wg.PROGRAMS_PER_SM == 0
-    assert [wg.resident_programs(wg.DECODE, bm, 32) for bm in (16, 32, 64)] == [3, 3, 2]  # 256 x 80 regs; smem
-    assert wg.resident_programs(dataclasses.replace(wg.DECODE, regs=64), 16, 32) == 4
+    wave = dataclasses.replace(wg.DECODE, programs_per_sm=0)
+    assert [wg.resident_programs(wave, bm, 32) for bm in (16, 32, 64)] == [3, 3, 2]  # 256 x 80 regs; smem
+    assert wg.resident_programs(dataclasses.replace(wave, regs=64), 16, 32) == 4
     assert wg.resident_programs(wg.TRAIN, 256, 32) == 1  # (384 threads x 168 registers)
     sms = 132
     for n in (192, 2048, 4096, 6144, 9216, 24576):
@@ -444,6 +443,6 @@ def test_k_splits_fill_one_wave_of_resident_programs():
             for m in (9, 16, 33, 64):
                 bm = max(16, 1 << (m - 1).bit_length())
                 tiles = -(-n // 64)
-                k_per_split, splits = wg.split_k(k, 32, tiles, wg.DECODE, sms, bm)
+                k_per_split, splits = wg.split_k(k, 32, tiles, wave, sms, bm)
                 assert k_per_split * splits >= k > k_per_split * (splits - 1) and k_per_split % 256 == 0
-                assert tiles * splits <= max(tiles, wg.resident_programs(wg.DECODE, bm, 32) * sms), (n, k, m, splits)
+                assert tiles * splits <= max(tiles, wg.resident_programs(wave, bm, 32) * sms), (n, k, m, splits)
