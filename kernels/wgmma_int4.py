@@ -259,11 +259,12 @@ def _persistent_load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, r
                                units_smem, u_ready, u_empty, queue_ptr, units, n_splits, k_per_split, K,
                                GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                                CS: gl.constexpr, SSTAGES: gl.constexpr):
-    """One warp: units from the queue until it runs dry, each handed to the MMA warps and loaded as _load_partition
-    loads a program's split; then one number >= units, which stops the MMA warps."""
+    """One warp: the program's own unit, then units past the grid's from the queue until it runs dry, each handed to
+    the MMA warps and loaded as _load_partition loads a program's split; then one number >= units, which stops the
+    MMA warps."""
     c_base = 0
     q = 0
-    u = gl.atomic_add(queue_ptr, 1)
+    u = gl.program_id(0)  # (the first unit is the program's own: no queue round trip before the first load)
     _send_unit(units_smem, u_ready, u_empty, q, u)
     while u < units:
         pid_n, split, k_lo, n_chunks = _unit_chunks(u, n_splits, k_per_split, K, CS, BK)
@@ -271,7 +272,7 @@ def _persistent_load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, r
                         k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, c_base)
         c_base += n_chunks
         q += 1
-        u = gl.atomic_add(queue_ptr, 1)
+        u = gl.num_programs(0) + gl.atomic_add(queue_ptr, 1)
         _send_unit(units_smem, u_ready, u_empty, q, u)
 
 
