@@ -45,8 +45,6 @@ TILES = {
     "train-s": dataclasses.replace(wg.TRAIN, halves=False, parts=1),  # 256 rows, K split
     "s6": dataclasses.replace(wg.DECODE, stages=6),  # deeper rings: more weight bytes in flight per program
     "s8": dataclasses.replace(wg.DECODE, stages=8),
-    # one wave of programs taking the K splits from a queue; --programs then counts units (splits) per SM
-    "pers": dataclasses.replace(wg.DECODE, persistent=True),
 }
 
 

@@ -114,20 +114,18 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 @gluon.jit
 def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, m_lo,
                     k_lo, n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                    CS: gl.constexpr, SSTAGES: gl.constexpr, c_base=0):
+                    CS: gl.constexpr, SSTAGES: gl.constexpr):
     """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
-    step's activations and words into theirs. c_base: chunks this program's rings have already passed (a persistent
-    program's earlier units), from which the slots and phases count on."""
+    step's activations and words into theirs."""
     for c in range(n_chunks):
-        cg = c_base + c
-        sslot = cg % SSTAGES
-        mbarrier.wait(s_empty.index(sslot), ((cg // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
+        sslot = c % SSTAGES
+        mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
         mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
         _tma_load(s_desc, [w_row, k_lo // GROUP + c * SCALE_CHUNK], s_ready.index(sslot), s_smem.index(sslot))
         for j in gl.static_range(CS):
             i = c * CS + j
-            slot = (cg * CS + j) % STAGES
-            mbarrier.wait(empty.index(slot), (((cg * CS + j) // STAGES) & 1) ^ 1)
+            slot = i % STAGES
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
             _tma_load(x_desc, [m_lo, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
             _tma_load(w_desc, [w_row, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
@@ -137,7 +135,7 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
 def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows, ROW0: gl.constexpr,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                    CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr,
-                   stamps_ptr=None, program=0, STAMPS: gl.constexpr = False, c_base=0):
+                   stamps_ptr=None, program=0, STAMPS: gl.constexpr = False):
     """MMA warps: decode each step's words (the BN weight rows from ROW0 of the slot's tile) into wgmma's register
     operand and multiply. HALVES: the BM activation rows as two halves with their own accumulators, the second
     multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few)."""
@@ -161,11 +159,10 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
         acc_hi = gl.zeros([BN, HM], gl.float32, acc_layout)
         two = rows > HM
     for c in range(n_chunks):
-        cg = c_base + c  # (the rings' count: see _load_partition)
-        sslot = cg % SSTAGES
-        mbarrier.wait(s_ready.index(sslot), (cg // SSTAGES) & 1)
+        sslot = c % SSTAGES
+        mbarrier.wait(s_ready.index(sslot), (c // SSTAGES) & 1)
         for j in gl.static_range(CS):
-            i = cg * CS + j
+            i = c * CS + j
             slot = i % STAGES
             scales = s_smem.index(sslot).slice(ROW0, BN, dim=0).slice(j * GPS, GPS, dim=1).load(s_layout)
             scales = _word_scales(scales, BN, BK, GPS, WPG, l3s, words_layout)
@@ -214,90 +211,6 @@ def _mma_store_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
                  BM // 2, False, False, num_warps)
 
 
-# Persistent decode (Tile.persistent): a grid of as many programs as the SMs hold, each taking units (one N tile's
-# K split, unit = tile * n_splits + split) from a queue in global memory until it runs dry, so that programs which
-# stream faster take more units and all finish at about the same time. (A grid of one program per unit ends when
-# its slowest program does: at 16 rows the last loops ended 1-3 us after the median, bench/RESULTS.md, eighteenth
-# session.) The loader warp takes each unit and hands its number to the MMA warps through a small ring in shared
-# memory; both rings' counters run on across units, so the loader streams the next unit while the MMA warps finish
-# the last one's split-K epilogue.
-UNIT_SLOTS = gl.constexpr(2)
-
-
-@gluon.jit
-def _send_unit(units_smem, u_ready, u_empty, q, u):
-    """The loader's q-th unit number `u` into slot q % UNIT_SLOTS for the MMA warps."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    slot = q % UNIT_SLOTS
-    mbarrier.wait(u_empty.index(slot), ((q // UNIT_SLOTS) & 1) ^ 1)
-    units_smem.index(slot).store(gl.full([1], u, gl.int32, layout))
-    mbarrier.arrive(u_ready.index(slot))  # (release: the number is visible to whoever waits for the phase)
-
-
-@gluon.jit
-def _receive_unit(units_smem, u_ready, u_empty, q):
-    """The MMA warps' q-th unit number, and the slot released."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    slot = q % UNIT_SLOTS
-    mbarrier.wait(u_ready.index(slot), (q // UNIT_SLOTS) & 1)
-    u = gl.max(units_smem.index(slot).load(layout), 0)
-    mbarrier.arrive(u_empty.index(slot))
-    return u
-
-
-@gluon.jit
-def _unit_chunks(u, n_splits, k_per_split, K, CS: gl.constexpr, BK: gl.constexpr):
-    """(N tile, K split, first K, chunks) of unit u."""
-    pid_n = u // n_splits
-    split = u % n_splits
-    k_lo = split * k_per_split
-    return pid_n, split, k_lo, gl.cdiv(gl.minimum(k_lo + k_per_split, K) - k_lo, CS * BK)
-
-
-@gluon.jit
-def _persistent_load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
-                               units_smem, u_ready, u_empty, queue_ptr, units, n_splits, k_per_split, K,
-                               GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                               CS: gl.constexpr, SSTAGES: gl.constexpr):
-    """One warp: the program's own unit, then units past the grid's from the queue until it runs dry, each handed to
-    the MMA warps and loaded as _load_partition loads a program's split; then one number >= units, which stops the
-    MMA warps."""
-    c_base = 0
-    q = 0
-    u = gl.program_id(0)  # (the first unit is the program's own: no queue round trip before the first load)
-    _send_unit(units_smem, u_ready, u_empty, q, u)
-    while u < units:
-        pid_n, split, k_lo, n_chunks = _unit_chunks(u, n_splits, k_per_split, K, CS, BK)
-        _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, pid_n * BN, 0,
-                        k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, c_base)
-        c_base += n_chunks
-        q += 1
-        u = gl.num_programs(0) + gl.atomic_add(queue_ptr, 1)
-        _send_unit(units_smem, u_ready, u_empty, q, u)
-
-
-@gluon.jit
-def _persistent_mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, units_smem, u_ready, u_empty,
-                              out_ptr, ws_ptr, cnt_ptr, units, n_splits, k_per_split, M, N, K, stride_om,
-                              GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                              STAGES: gl.constexpr, CS: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr,
-                              num_warps: gl.constexpr):
-    """The MMA warps: each unit the loader hands on, multiplied (_mma_partition) and stored (_store_block: with a K
-    split, its partials, and the tile's last split sums them in split order, whichever program ran each)."""
-    c_base = 0
-    q = 0
-    u = _receive_unit(units_smem, u_ready, u_empty, q)
-    while u < units:
-        pid_n, split, k_lo, n_chunks = _unit_chunks(u, n_splits, k_per_split, K, CS, BK)
-        acc, _ = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, M, 0, GROUP, BN, BM,
-                                BK, STAGES, CS, SSTAGES, False, num_warps, c_base=c_base)
-        _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, 0, M, M, N, n_splits, stride_om, BN, BM,
-                     SPLIT, False, num_warps)
-        c_base += n_chunks
-        q += 1
-        u = _receive_unit(units_smem, u_ready, u_empty, q)
-
-
 @gluon.jit
 def _add(a, b):
     return a + b
@@ -322,14 +235,13 @@ def _find_tile(offsets_ptr, t, num_experts, BM: gl.constexpr, E_POW2: gl.constex
 
 
 # M is never specialized (Triton would compile M % 16 == 0 apart), nor the split count: one binary per tile shape.
-@gluon.jit(do_not_specialize=["M", "n_splits", "num_experts", "units"])
+@gluon.jit(do_not_specialize=["M", "n_splits", "num_experts"])
 def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets_ptr, ids_ptr, stamps_ptr, M, N, K,
-                       k_per_split, n_splits, num_experts, stride_om, units,
+                       k_per_split, n_splits, num_experts, stride_om,
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, PERSISTENT: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     program = pid_n + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
     gluon_stamp(stamps_ptr, program, 0, STAMPS)
@@ -366,30 +278,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
     for s in gl.static_range(SSTAGES):
         mbarrier.init(s_ready.index(s), count=1)
         mbarrier.init(s_empty.index(s), count=PARTS)
-    if PERSISTENT:  # (decode: one M tile; cnt_ptr: the tiles' tickets, then the unit queue and the programs done)
-        units_smem = gl.allocate_shared_memory(gl.int32, [UNIT_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        u_ready = gl.allocate_shared_memory(gl.int64, [UNIT_SLOTS, 1], mbarrier.MBarrierLayout())
-        u_empty = gl.allocate_shared_memory(gl.int64, [UNIT_SLOTS, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(UNIT_SLOTS):
-            mbarrier.init(u_ready.index(s), count=1)
-            mbarrier.init(u_empty.index(s), count=1)
-        queue_ptr = cnt_ptr + units // n_splits
-        gl.warp_specialize([
-            (_persistent_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, units_smem, u_ready,
-                                         u_empty, out_ptr, ws_ptr, cnt_ptr, units, n_splits, k_per_split, M, N, K,
-                                         stride_om, GROUP, BN, BM, BK, STAGES, CS, SSTAGES, SPLIT, num_warps)),
-            (_persistent_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready,
-                                          s_empty, units_smem, u_ready, u_empty, queue_ptr, units, n_splits,
-                                          k_per_split, K, GROUP, BN, BK, STAGES, CS, SSTAGES)),
-        ], [1], [24])
-        for s in gl.static_range(UNIT_SLOTS):
-            mbarrier.invalidate(u_ready.index(s))
-            mbarrier.invalidate(u_empty.index(s))
-        # Every program past its last take: the last to get here empties the queue for the next launch.
-        if gl.atomic_add(queue_ptr + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
-            gl.atomic_xchg(queue_ptr, 0)
-            gl.atomic_xchg(queue_ptr + 1, 0)
-    elif PARTS == 2:  # (the host launches halves, no split, num_warps = one warpgroup)
+    if PARTS == 2:  # (the host launches halves, no split, num_warps = one warpgroup)
         PN: gl.constexpr = BN // 2
         gl.warp_specialize([
             (_mma_store_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, out_ptr,
@@ -415,7 +304,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         mbarrier.invalidate(s_ready.index(s))
         mbarrier.invalidate(s_empty.index(s))
 
-    if PARTS == 1 and not PERSISTENT:
+    if PARTS == 1:
         if HALVES:  # (the host launches no K split with halves)
             _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
                          stride_om, BN, BM // 2, False, False, num_warps)
@@ -531,16 +420,11 @@ class Tile:
     # parts drift apart, so one's decode overlaps another's synchronous wgmma. parts = 2 needs 8 warps and halves.
     parts: int = 1
     programs_per_sm: int | None = None  # the K-split target per SM (split_k; None: PROGRAMS_PER_SM)
-    # One wave of programs (resident_programs per SM) taking the K splits from a queue (see UNIT_SLOTS); then
-    # programs_per_sm counts units, not programs. One M tile (decode), one partition.
-    persistent: bool = False
 
     def __post_init__(self):
         if self.parts not in (1, 2) or (self.parts == 2 and (self.warps != 8 or not self.halves)):
             raise ValueError(f"Tile.parts={self.parts}: 1, or 2 with 8 warps and halves (got warps={self.warps}, "
                              f"halves={self.halves})")
-        if self.persistent and (self.parts != 1 or self.halves or self.bm):
-            raise ValueError(f"Tile.persistent: the decode tile's shape (one partition, no halves, bm = 0), got {self}")
 
 
 DECODE = Tile()
@@ -582,22 +466,19 @@ def pick_tile(m: int, n: int, sms: int) -> Tile:
 
 def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, cnt: Tensor, offsets: Tensor,
             ids: Tensor | None, grid: tuple[int, int, int], k_per_split: int, experts: int, group: int, n: int,
-            bm: int, tile: Tile, stamps: Tensor | None = None, units: int = 0) -> None:
-    """units: a persistent launch's (tile.persistent) units, grid[0]'s programs taking them; else 0 and grid[1] K
-    splits."""
+            bm: int, tile: Tile, stamps: Tensor | None = None) -> None:
     m, k = x.shape
     bn = 16 * tile.warps
-    splits = units // triton.cdiv(n, bn) if units else grid[1]
-    if max(splits, 1) * m * n >= 2**31:
-        raise ValueError(f"wgmma_int4: {splits} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
+    if max(grid[1], 1) * m * n >= 2**31:
+        raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
     _wgmma_int4_kernel[grid](
         _desc(x, [bm, tile.bk], "bf16"), _desc(values, [bn, tile.bk // 8], "int32"),
         _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids,
         out if stamps is None else stamps, m, n, k,
-        k_per_split, splits, experts, out.stride(0), units, GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
-        SSTAGES=SCALE_STAGES, SPLIT=splits > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
+        k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
+        SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
         E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
-        STAMPS=stamps is not None, PERSISTENT=units > 0,
+        STAMPS=stamps is not None,
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
@@ -636,16 +517,10 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
     n_tiles, m_tiles = triton.cdiv(w.n, 16 * tile.warps), triton.cdiv(m, bm)
     k_per_split, split = split_k(k, w.group, n_tiles * m_tiles, tile, sm_count(x.device), bm)
     if stamps is not None:
-        if tile.parts != 1 or tile.persistent:
-            raise ValueError(f"stamps: the timeline is stamped on one-partition grids only, got {tile}")
+        if tile.parts != 1:
+            raise ValueError(f"stamps: the timeline is stamped on one-partition tiles only, got {tile}")
         check_stamps(stamps, n_tiles * split * m_tiles, x.device)
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
-    if tile.persistent:  # (one wave of programs; tickets for the tiles, then the queue and the programs done)
-        units = n_tiles * split
-        programs = min(units, resident_programs(tile, bm, w.group) * sm_count(x.device))
-        _launch(x, w.values, w.scale, out, ws, tickets(n_tiles + 2), out, None, (programs, 1, 1), k_per_split, 0,
-                w.group, w.n, bm, tile, units=units)
-        return out
     cnt = tickets(n_tiles * m_tiles) if split > 1 else out
     _launch(x, w.values, w.scale, out, ws, cnt, cnt, None, (n_tiles, split, m_tiles), k_per_split, 0, w.group, w.n,
             bm, tile, stamps)

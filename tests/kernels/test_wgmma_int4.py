@@ -50,9 +50,6 @@ other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one pa
 variants += [("train-g32-other-parts", other_parts, other_parts.bm, 32, False, False),
              ("grouped-g32-other-parts", other_parts, other_parts.bm, 32, False, True)]
 variants += [("bm16-g32-split1-stamps", wg.DECODE, 16, 32, True, False)]  # (bench/wgmma_timeline.py's build)
-persistent = dataclasses.replace(wg.DECODE, persistent=True)  # (programs taking K splits from a queue)
-variants += [(f"persistent-bm{bm}-g{group}-split{int(split)}", persistent, bm, group, split, False)
-             for bm, group, split in ((16, 32, True), (64, 128, True), (32, 32, False))]
 for name, tile, bm, group, split, grouped in variants:
     bn = 16 * tile.warps
     x = torch.empty(bm, 4096, dtype=torch.bfloat16)
@@ -69,7 +66,7 @@ for name, tile, bm, group, split, grouped in variants:
     const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
                  SPLIT=split, GROUPED=grouped, HALVES=tile.halves, HAS_IDS=grouped, E_POW2=128 if grouped else 1,
                  PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, STAMPS=name.endswith("-stamps"),
-                 PERSISTENT=tile.persistent, num_warps=tile.warps // tile.parts)
+                 num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32", "ids_ptr": "*i32",
                 "stamps_ptr": "*i64"}
     sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
@@ -106,8 +103,7 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
     assert set(report) == decode | {"rows-rows-g32", "rows-wide-g32", "train-g32", "grouped-g32",
                                     "grouped-g32-other-halves", "train-g32-other-parts", "grouped-g32-other-parts",
-                                    "bm16-g32-split1-stamps", "persistent-bm16-g32-split1",
-                                    "persistent-bm64-g128-split1", "persistent-bm32-g32-split0"}
+                                    "bm16-g32-split1-stamps"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
@@ -202,37 +198,6 @@ def test_against_fp64_where_dense_gemm_sends_it(fmt, n, k, m, monkeypatch):
     assert_within(y, ref_b, 2.0**-8 * ref_b.abs() + k * 2.0**-23 * (x.double().abs() @ wb.abs().T))
     # The split partials are summed in a fixed order: a second launch is bit-identical.
     assert torch.equal(kernels.dequant_linear(x, fmt, packed), y)
-
-
-@gpu
-@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-@pytest.mark.parametrize("units_per_sm", [2, 12])
-@pytest.mark.parametrize("fmt,n,k,m", CASES)
-def test_persistent_programs_taking_units_from_the_queue_give_the_grids_bits(fmt, n, k, m, units_per_sm):
-    """The persistent tile (one wave of programs taking K splits from a queue) on CASES, with the splits of 2 and of
-    12 programs per SM: bitwise what the one-program-per-split grid gives with the same splits (the same partials,
-    summed in split order by the tile's last split, whichever program ran which), launch after launch (the last
-    program empties the queue for the next: a launch that found it spent would leave the NaNs the output starts
-    as), and within the bf16-weights bound."""
-    from orbit_lightning.kernels import wgmma_int4 as wg
-    from orbit_lightning.kernels.formats import resolve
-    from orbit_lightning.kernels.gemm import _tickets
-
-    packed, _ = random_weight(fmt, (n, k), seed=n + k, device="cuda")
-    pw = resolve(fmt, packed, stacked=False)
-    x = torch.randn(m, k, generator=torch.Generator("cuda").manual_seed(m), device="cuda").bfloat16()
-
-    def run(tile):
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        return wg.wgmma_int4(x, pw, out, lambda c: _tickets(x.device, c), tile)
-
-    y = run(dataclasses.replace(wg.DECODE, persistent=True, programs_per_sm=units_per_sm))
-    assert torch.equal(run(dataclasses.replace(wg.DECODE, programs_per_sm=units_per_sm)), y)
-    for _ in range(2):
-        assert torch.equal(run(dataclasses.replace(wg.DECODE, persistent=True, programs_per_sm=units_per_sm)), y)
-    wb = kernels.dequantize(fmt, packed).double()
-    ref_b = x.double() @ wb.T
-    assert_within(y, ref_b, 2.0**-8 * ref_b.abs() + k * 2.0**-23 * (x.double().abs() @ wb.abs().T))
 
 
 @gpu
