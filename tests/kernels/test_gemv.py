@@ -261,3 +261,17 @@ def test_gpu_timeline_stamps_every_program_in_order_and_change_no_result():
     assert (rows[:, EXIT_NS] >= rows[:, ENTRY_NS]).all()
     assert (rows[:, CYCLES + 1] >= rows[:, CYCLES]).all() and (rows[:, CYCLES + 2] >= rows[:, CYCLES + 1]).all()
     assert rows[:, SM_ID].max().item() < torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def test_the_gemvs_refuse_a_stamp_buffer_they_would_overrun():
+    """The decode GEMVs write timeline.SLOTS int64 per program into `stamps` unchecked: launch_args refuses a buffer
+    too small, of another dtype or not contiguous (timeline.check_stamps), and takes one of exactly its programs."""
+    from orbit_lightning.kernels.gemv_out import launch_args
+    from orbit_lightning.kernels.timeline import SLOTS
+
+    x = torch.zeros(1, 256, dtype=torch.float32)
+    assert launch_args(x, 64, None, 16, 16, None, 4, torch.zeros(4, SLOTS, dtype=torch.int64)).constexprs["STAMPS"]
+    for bad in (torch.zeros(3, SLOTS, dtype=torch.int64), torch.zeros(4, SLOTS, dtype=torch.int32),
+                torch.zeros(SLOTS, 4, dtype=torch.int64).T):
+        with pytest.raises(ValueError, match=r"stamps: need a contiguous int64 tensor of at least \[4, 8\]"):
+            launch_args(x, 64, None, 16, 16, None, 4, bad)
