@@ -7,8 +7,8 @@ For the 12 dense shapes of bench/kernels.py at each M: bf16 cuBLAS, the dispatch
 the tile kernel, or the decode GEMVs at M <= 16), from 65 rows also the one-pass dequantize + cuBLAS ("dq", what
 quant/dispatch.py runs above FUSED_MAX_ROWS), and the wgmma kernel called directly for each tile of --tiles (TILES
 below; "ship": the tile dense_gemm picks for M), register cap per thread (r80: 80; "ship": the tile's own or
-wgmma_int4.max_registers) and K-split target per SM (p0: one full wave of resident programs, what
-wgmma_int4.PROGRAMS_PER_SM = 0 ships). graph_us in microseconds up to M = 1024, do_bench medians above; ratios are
+wgmma_int4.max_registers) and K-split target per SM (p2: wgmma_int4.PROGRAMS_PER_SM = 2, what ships; p0: one
+full wave of resident programs). graph_us in microseconds up to M = 1024, do_bench medians above; ratios are
 bf16 time / kernel time, geomean over the shapes; errors are max |y - fp32 reference| over max |reference|. Behind
 bench/RESULTS.md's wgmma tables (twelfth to eighteenth sessions).
 """
