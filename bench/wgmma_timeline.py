@@ -9,7 +9,8 @@ landed, and after its last wgmma. Printed per shape (medians over --reps runs, u
 per-program phases as medians over programs):
 - span: last exit; the kernel alone by graph_us for comparison; programs, K splits and steps per program;
 - start p50 / max: when programs entered;
-- fill: entry to the first step's data (barrier set-up, descriptor fetch, the first TMA's latency);
+- fill: entry to the first step's data, as issue (entry to the loader's first load: barrier set-up, the
+  register hand-off) and latency (that load to its data: descriptor fetch, the memory);
 - steps: first data to the last wgmma (the steady state), and per step;
 - tail: last wgmma to exit (store, and with a K split the partials, the ticket and the last program's sum);
 - loop end p50 / max: when programs' last wgmmas were done, and that p50 on the SMs that ran the most programs and
@@ -69,6 +70,7 @@ def one_run(x, w, tile, hz) -> dict:
     t0 = st[:, ENTRY_NS].min()
     start = (st[:, ENTRY_NS] - t0) / 1e3
     first = start + (st[:, wg.FIRST_DATA.value] - st[:, ENTRY_NS + 3]) / hz * 1e6  # (slot 3: the entry's cycles)
+    issue = start + (st[:, wg.FIRST_ISSUE.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
     loop_end = start + (st[:, wg.LOOP_END.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
     exit_cycles = start + (st[:, wg.EXIT_CYCLES.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
     exit_ = (st[:, EXIT_NS] - t0) / 1e3
@@ -79,7 +81,8 @@ def one_run(x, w, tile, hz) -> dict:
     sm = st[:, SM_ID].long()
     load = torch.bincount(sm)[sm]  # programs on each program's SM
     return {"span": exit_.max().item(), "programs": len(st), "start_p50": p50(start), "start_max": start.max().item(),
-            "fill": p50(first - start), "steps": p50(loop_end - first), "tail": p50(exit_cycles - loop_end),
+            "fill": p50(first - start), "issue": p50(issue - start), "latency": p50(first - issue),
+            "steps": p50(loop_end - first), "tail": p50(exit_cycles - loop_end),
             "tail_max": (exit_cycles - loop_end).max().item(), "end_p50": p50(loop_end),
             "end_max": loop_end.max().item(), "end_busiest": p50(loop_end[load == load.max()]),
             "end_idlest": p50(loop_end[load == load.min()]), "sm_load_max": load.max().item(),
@@ -99,7 +102,8 @@ def main() -> None:
     rows = []
     print(f"{torch.cuda.get_device_name()}  SM clock {hz / 1e9:.2f} GHz  (us from the first program's entry)")
     print(f"{'shape':24} {'M':>3} {'graph':>6} {'span':>6} {'progs':>5} {'split':>5} {'steps':>5} | "
-          f"{'start p50/max':>13} | {'fill':>5} {'steps':>6} {'/step':>6} {'tail':>5} {'tail max':>8} | "
+          f"{'start p50/max':>13} | {'fill':>5} {'issue':>5} {'lat':>5} {'steps':>6} {'/step':>6} {'tail':>5} "
+          f"{'tail max':>8} | "
           f"{'loop end p50/max':>16} {'busiest/idlest SMs':>24}")  # fmt: skip
     for name, n, k in SHAPES:
         packed = fmt.random_packed((n, k), device="cuda")
@@ -119,6 +123,7 @@ def main() -> None:
             rows.append({"shape": name, "m": m, "split": split, "steps_per_program": steps, **med})
             print(f"{name:24} {m:3} {med['graph_us']:6.1f} {med['span']:6.1f} {med['programs']:5.0f} {split:5} "
                   f"{steps:5} | {med['start_p50']:6.1f}/{med['start_max']:6.1f} | {med['fill']:5.2f} "
+                  f"{med['issue']:5.2f} {med['latency']:5.2f} "
                   f"{med['steps']:6.2f} {med['steps'] / steps:6.3f} {med['tail']:5.2f} {med['tail_max']:8.2f} | "
                   f"{med['end_p50']:7.1f}/{med['end_max']:7.1f} {med['end_busiest']:5.1f} ({med['sm_load_max']:.0f}) "
                   f"/{med['end_idlest']:5.1f} ({med['sm_load_min']:.0f})")

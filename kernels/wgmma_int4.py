@@ -55,9 +55,11 @@ MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
 SCALE_CHUNK = gl.constexpr(8)
 # Timeline stamps (kernels/timeline.py; bench/wgmma_timeline.py): cycle counts when a program's first step has
-# landed, when its last wgmma is done and at exit (entry and exit on the global timer are timeline's own slots). A
-# phase is timed on one clock: the global timer's exit less a cycle-timed loop end read the tail 1-2 us long.
+# landed, when its last wgmma is done, at exit, and when the loader began to issue loads (entry and exit on the
+# global timer are timeline's own slots). A phase is timed on one clock: the global timer's exit less a cycle-timed
+# loop end read the tail 1-2 us long. (The loader and the MMA warps share their SM's cycle counter.)
 FIRST_DATA, LOOP_END, EXIT_CYCLES = gl.constexpr(CYCLES + 1), gl.constexpr(CYCLES + 2), gl.constexpr(CYCLES + 3)
+FIRST_ISSUE = gl.constexpr(CYCLES + 4)
 
 # Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -114,9 +116,11 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 @gluon.jit
 def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, m_lo,
                     k_lo, n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                    CS: gl.constexpr, SSTAGES: gl.constexpr):
+                    CS: gl.constexpr, SSTAGES: gl.constexpr, stamps_ptr=None, program=0,
+                    STAMPS: gl.constexpr = False):
     """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
     step's activations and words into theirs."""
+    gluon_stamp(stamps_ptr, program, FIRST_ISSUE, STAMPS)
     for c in range(n_chunks):
         sslot = c % SSTAGES
         mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
@@ -295,7 +299,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
             (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
                               GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps, stamps_ptr, program, STAMPS)),
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
-                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
+                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, stamps_ptr, program, STAMPS)),
         ], [1], [24])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))

@@ -113,9 +113,9 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
         # (halves: one per half of the activation rows; parts: each MMA partition has its own code)
         wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1) * r["parts"]
         assert r["wgmma"] == wgmmas and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
-        # Timeline stamps only when built with them: entry (global timer and cycles), first data, loop end, exit
-        # (cycles and global timer).
-        assert r["timers"] == (6 if name.endswith("-stamps") else 0), (name, r)
+        # Timeline stamps only when built with them: entry (global timer and cycles), the loader's first issue,
+        # first data, loop end, exit (cycles and global timer).
+        assert r["timers"] == (7 if name.endswith("-stamps") else 0), (name, r)
 
 
 def _run_pair_asm(word: int, byte: int, scale_bits: int) -> tuple[int, int]:
@@ -446,3 +446,35 @@ def test_a_k_split_target_of_zero_fills_one_wave_of_resident_programs():
                 k_per_split, splits = wg.split_k(k, 32, tiles, wave, sms, bm)
                 assert k_per_split * splits >= k > k_per_split * (splits - 1) and k_per_split % 256 == 0
                 assert tiles * splits <= max(tiles, wg.resident_programs(wave, bm, 32) * sms), (n, k, m, splits)
+
+
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+def test_timeline_stamps_every_program_in_causal_order_and_change_no_result():
+    """bench/wgmma_timeline.py's build: with stamps on, the result is bitwise the kernel's without them, and every
+    program's cycle stamps are in the order the work forces (entry, the loader's first issue, that step's data, the
+    last wgmma, exit; the loader and the MMA warps read one SM counter), on an SM that exists."""
+    from orbit_lightning.kernels import wgmma_int4 as wg
+    from orbit_lightning.kernels.formats import resolve
+    from orbit_lightning.kernels.gemm import _tickets
+    from orbit_lightning.kernels.timeline import CYCLES, ENTRY_NS, EXIT_NS, SLOTS, SM_ID
+
+    n, k, m = 4096, 4096, 16
+    packed, _ = random_weight("int4", (n, k), seed=5, device="cuda")
+    pw = resolve("int4", packed, stacked=False)
+    x = torch.randn(m, k, generator=torch.Generator("cuda").manual_seed(3), device="cuda").bfloat16()
+    tile = wg.pick_tile(m, n, torch.cuda.get_device_properties(0).multi_processor_count)
+    _, splits = wg.split_k(k, pw.group, n // 64, tile, torch.cuda.get_device_properties(0).multi_processor_count, 16)
+    stamps = torch.zeros(n // 64 * splits, SLOTS, dtype=torch.int64, device="cuda")
+
+    def run(st):
+        return wg.wgmma_int4(x, pw, torch.empty(m, n, dtype=torch.bfloat16, device="cuda"),
+                             lambda c: _tickets(x.device, c), stamps=st)
+
+    assert torch.equal(run(stamps), run(None))
+    rows = stamps.cpu()
+    order = [CYCLES, wg.FIRST_ISSUE.value, wg.FIRST_DATA.value, wg.LOOP_END.value, wg.EXIT_CYCLES.value]
+    assert (rows[:, ENTRY_NS] > 0).all() and (rows[:, EXIT_NS] >= rows[:, ENTRY_NS]).all()
+    for before, after in zip(order, order[1:]):
+        assert (rows[:, after] >= rows[:, before]).all(), (before, after)
+    assert rows[:, SM_ID].max().item() < torch.cuda.get_device_properties(0).multi_processor_count
