@@ -486,7 +486,7 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
-SM_REGISTERS, SM_SHARED = 65536, 228 * 1024  # per SM (sm_90); each CTA also holds 1 KB of the shared memory
+SM_REGISTERS, SM_SHARED = 65536, 228 * 1024  # per SM (sm_90)
 
 
 def resident_programs(tile: Tile, bm: int, group: int) -> int:
@@ -497,6 +497,7 @@ def resident_programs(tile: Tile, bm: int, group: int) -> int:
     regs = tile.regs or max_registers(bm, group)
     bn = 16 * tile.warps
     ring = tile.stages * (bm * tile.bk * 2 + bn * tile.bk // 2) + SCALE_STAGES * bn * SCALE_CHUNK.value * 2
+    # (+ 2 KB: the 1 KB the driver reserves per CTA, the ring barriers and slack)
     return max(1, min(SM_REGISTERS // (threads * regs), SM_SHARED // (ring + 2048)))
 
 
