@@ -4,12 +4,14 @@
 
 For Qwen3-8B's decode shapes at M = 1 (int4 g32, the dispatched config), without and with a LoRA (r = 16) in the
 launch, each run starts after an L2 flush and records, per program, its SM, entry and exit on the global ns
-timer, and cycle counts at entry, after the PDL wait and at the end of the main loop. Printed per case (medians
+timer, and cycle counts at entry, after the PDL wait, at the end of the main loop and at exit. Printed per case (medians
 over --reps runs, microseconds from the first program's entry):
 - span: last exit; programs: how many ran (rank programs of the LoRA first);
 - start p50 / max: when programs entered (dispatch waves);
 - loop p50 / max: when programs ended their main loop, the weight stream (split kernel only; nan for TMA);
 - exit p50 / max: when programs left (the split-K and LoRA tails come after the loop);
+- tail p50 / max: loop end to exit, both in the SM's cycles (one clock: the global timer's exit less a cycle-timed
+  loop end read tails 1-2 us long in wgmma_timeline's first run; nan for TMA);
 - rank exit max: when the last LoRA rank program left, i.e. roughly when t was ready.
 """
 
@@ -66,13 +68,16 @@ def one_run(x, w, cfg, delta, flush, hz) -> dict:
     weights = slice(n_rank, None)
     loop_cycles = st[weights, CYCLES + 2] - st[weights, CYCLES]  # slot 5: the loop's end (the pointer kernel only)
     loop = start[weights] + torch.where(st[weights, CYCLES + 2] > 0, loop_cycles / hz * 1e6, float("nan"))
+    tail_cycles = st[weights, CYCLES + 3] - st[weights, CYCLES + 2]  # slot 6: exit, in cycles
+    tail = torch.where(st[weights, CYCLES + 2] > 0, tail_cycles / hz * 1e6, float("nan"))
 
     def q(v, p):
         return torch.quantile(v.double(), p).item()
 
     return {"span": exit_.max().item(), "programs": len(st), "rank": n_rank, "start_p50": q(start, 0.5),
             "start_max": start.max().item(), "loop_p50": q(loop, 0.5), "loop_max": loop.max().item(),
-            "exit_p50": q(exit_, 0.5), "exit_max": exit_.max().item(),
+            "exit_p50": q(exit_, 0.5), "exit_max": exit_.max().item(), "tail_p50": q(tail, 0.5),
+            "tail_max": tail.max().item(),
             "rank_exit_max": exit_[:n_rank].max().item() if n_rank else float("nan")}  # fmt: skip
 
 
@@ -85,7 +90,7 @@ def main() -> None:
     fmt = get_format("int4")
     rows = []
     print(f"{torch.cuda.get_device_name()}  SM clock {hz / 1e9:.2f} GHz  (us from the first program's entry)")
-    print("case               progs  span  start p50/max   loop p50/max   exit p50/max   rank exit max")
+    print("case               progs  span  start p50/max   loop p50/max   exit p50/max   tail p50/max   rank exit max")
     for name, n, k, ns in SHAPES:
         packed = fmt.random_packed((n, k), device="cuda")
         w = resolve("int4", packed, stacked=False)
@@ -101,9 +106,9 @@ def main() -> None:
             label = f"{name}{'+lora' if with_lora else ''}"
             rows.append({"case": label, "config": repr(cfg), **med})
             cols = [f"{med[key]:5.1f}" for key in ("start_p50", "start_max", "loop_p50", "loop_max", "exit_p50",
-                                                     "exit_max", "rank_exit_max")]  # fmt: skip
+                                                     "exit_max", "tail_p50", "tail_max", "rank_exit_max")]  # fmt: skip
             print(f"{label:18s} {med['programs']:5.0f} {med['span']:5.1f}  {cols[0]}/{cols[1]}    {cols[2]}/{cols[3]}"
-                  f"    {cols[4]}/{cols[5]}    {cols[6]}")  # fmt: skip
+                  f"    {cols[4]}/{cols[5]}    {cols[6]}/{cols[7]}    {cols[8]}")  # fmt: skip
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gemv_timeline.json"), "w") as f:
             json.dump(rows, f, indent=1)

@@ -302,6 +302,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                    stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived, BN, BM, SPLIT, BR,
                    LORA)  # fmt: skip
     lora_leave(lt, arrived, LORA)
+    stamp(stamp_ptr, linear_program(), 6, STAMPS)  # (exit in cycles: tails on one clock, bench/gemv_timeline.py)
     stamp(stamp_ptr, linear_program(), 1, STAMPS)
 
 
@@ -332,6 +333,7 @@ def _gemv_tma_kernel(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k
                      stride_om, pid_n, split, pid_m, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived,
                      GROUP, BM, BN, BK, FAST_INT4, SPLIT, ONE_ROW, STAGES, LORA, BR)  # fmt: skip
     lora_leave(lt, arrived, LORA)
+    stamp(stamp_ptr, linear_program(), 6, STAMPS)  # (exit in cycles: tails on one clock, bench/gemv_timeline.py)
     stamp(stamp_ptr, linear_program(), 1, STAMPS)
 
 
