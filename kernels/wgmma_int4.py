@@ -429,6 +429,9 @@ class Tile:
         if self.parts not in (1, 2) or (self.parts == 2 and (self.warps != 8 or not self.halves)):
             raise ValueError(f"Tile.parts={self.parts}: 1, or 2 with 8 warps and halves (got warps={self.warps}, "
                              f"halves={self.halves})")
+        if self.programs_per_sm is not None and self.programs_per_sm < 0:
+            raise ValueError(f"Tile.programs_per_sm={self.programs_per_sm}: a K-split target per SM >= 0 (0: one full "
+                             f"wave of resident programs), or None for PROGRAMS_PER_SM")
 
 
 DECODE = Tile()

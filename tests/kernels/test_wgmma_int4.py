@@ -434,6 +434,8 @@ def test_a_k_split_target_of_zero_fills_one_wave_of_resident_programs():
     from orbit_lightning.kernels import wgmma_int4 as wg
 
     wave = dataclasses.replace(wg.DECODE, programs_per_sm=0)
+    with pytest.raises(ValueError, match="Tile.programs_per_sm=-1"):
+        dataclasses.replace(wg.DECODE, programs_per_sm=-1)
     assert [wg.resident_programs(wave, bm, 32) for bm in (16, 32, 64)] == [3, 3, 2]  # 256 x 80 regs; smem
     assert wg.resident_programs(dataclasses.replace(wave, regs=64), 16, 32) == 4
     assert wg.resident_programs(wg.TRAIN, 256, 32) == 1  # (384 threads x 168 registers)
