@@ -34,7 +34,7 @@ from orbit_lightning.kernels import wgmma_int4 as wg
 from orbit_lightning.kernels.configs import sm_count
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemm import _tickets
-from orbit_lightning.kernels.timeline import ENTRY_NS, EXIT_NS, SLOTS, SM_ID
+from orbit_lightning.kernels.timeline import CYCLES, ENTRY_NS, EXIT_NS, SLOTS, SM_ID
 
 from orbit_lightning.quant.formats import get_format
 
@@ -69,10 +69,12 @@ def one_run(x, w, tile, hz) -> dict:
     st = stamps[stamps[:, ENTRY_NS] > 0].cpu().double()
     t0 = st[:, ENTRY_NS].min()
     start = (st[:, ENTRY_NS] - t0) / 1e3
-    first = start + (st[:, wg.FIRST_DATA.value] - st[:, ENTRY_NS + 3]) / hz * 1e6  # (slot 3: the entry's cycles)
-    issue = start + (st[:, wg.FIRST_ISSUE.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
-    loop_end = start + (st[:, wg.LOOP_END.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
-    exit_cycles = start + (st[:, wg.EXIT_CYCLES.value] - st[:, ENTRY_NS + 3]) / hz * 1e6
+
+    def at(slot) -> torch.Tensor:
+        """When each program reached cycle stamp `slot`, us from the first entry (its cycles since its own entry)."""
+        return start + (st[:, slot.value] - st[:, CYCLES]) / hz * 1e6
+
+    first, issue, loop_end, exit_cycles = at(wg.FIRST_DATA), at(wg.FIRST_ISSUE), at(wg.LOOP_END), at(wg.EXIT_CYCLES)
     exit_ = (st[:, EXIT_NS] - t0) / 1e3
 
     def p50(v):
