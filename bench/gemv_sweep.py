@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 import triton
-from orbit_lightning.kernels import configs, dequant_weight, gemm, gemv
+from orbit_lightning.kernels import configs, dequant_weight, gemm, gemv, gemv_mma
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 
@@ -470,6 +470,57 @@ def section_lora(deadline: float) -> None:
             say(f"{name:16s} {m:4d}  {base:8.2f}  {fused:8.2f}  {two:6.2f}  {fused - base:10.2f}  {two - base:7.2f}")
 
 
+def _run_lora(x, w, cfg, delta):
+    out = torch.empty((x.shape[0], w.n), dtype=x.dtype, device=x.device)
+    return gemv.gemv(x, w, out, cfg, tickets, gemm.fast_int4(w, x.dtype), delta)
+
+
+def section_regs(deadline: float) -> None:
+    """gemv_mma.py's register cap (GemvConfig.maxnreg) on the dispatched decode configs at M = 1 and 8, with and
+    without a fused LoRA (r = 16, one adapter): the cap decides how many 8-warp programs stay resident per SM
+    (65,536 registers: 3 at <= 80 per thread, 2 at 81-128), so whether a grid of N / 16 programs runs in one wave."""
+    say("\n== mma GEMV register cap: graph_us (cold L2); progs = weight programs, warps each ==")
+    say("shape                           M  lora  progs  warps   bf16    shipped   cap80   cap80 x bf16 / shipped x")
+    fmt = get_format("int4")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ratios = {False: [], True: []}
+    for model in bk.DENSE:
+        for layer, n, k in bk.DENSE[model]:
+            if time.time() > deadline:
+                say("(budget: regs cut short)")
+                return
+            packed, w, wdq, wbf = layer_case(fmt, n, k)
+            a = torch.randn(16, k, device="cuda").bfloat16() / k**0.5
+            b = torch.randn(n, 16, device="cuda").bfloat16() * 0.02
+            delta = kernels.LoraDelta([a], [b], [2.0])
+            for m in (1, 8):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
+                if cfg is None or not cfg.mma:
+                    continue
+                capped = replace(cfg, maxnreg=80)
+                ref, bound = reference(x, wdq)
+                bf = graph_us(F.linear, x, wbf)
+                nw = gemv_mma.warps_for(cfg, n // cfg.block_n, k, sms)
+                for lora in (False, True):
+                    d = delta if lora else None
+                    want = ref + 2.0 * (x.float() @ a.float().T) @ b.float().T if lora else ref
+                    times = []
+                    for c in (cfg, capped):
+                        y = _run_lora(x, w, c, d)
+                        err = ((y.float() - want).abs() - bound - 2.0**-8 * want.abs()).max().item()
+                        if err > 0:
+                            say(f"  WRONG {model}.{layer} M={m} lora={lora} maxnreg={c.maxnreg}: {err:.3e}")
+                        times.append(graph_us(_run_lora, x, w, c, d))
+                    ratios[lora].append(times[0] / times[1])
+                    say(f"{model + '.' + layer:30s} {m:2d}  {int(lora):4d}  {n // cfg.block_n:5d}  {nw:5d}  {bf:6.1f}"
+                        f"  {times[0]:8.2f}  {times[1]:6.2f}   {bf / times[1]:5.2f} / {bf / times[0]:5.2f}")
+            del wdq, wbf
+            torch.cuda.empty_cache()
+    for lora, r in ratios.items():
+        say(f"geomean shipped / cap80 time, lora={int(lora)}: {gm(r):.3f} over {len(r)} cases")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
@@ -480,7 +531,8 @@ def main() -> None:
     deadline = time.time() + args.budget
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
-                "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x}
+                "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x,
+                "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)
