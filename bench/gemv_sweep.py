@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 import triton
-from orbit_lightning.kernels import configs, dequant_weight, gemm, gemv, gemv_mma
+from orbit_lightning.kernels import configs, dequant_weight, gemm, gemv, gemv_lora, gemv_mma
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 
@@ -447,14 +447,17 @@ def _gemv_then_lora(x, fmt, packed, delta):
 
 
 def section_lora(deadline: float) -> None:
-    """Decode LoRA (r = 16) on the engine's Qwen3-8B shapes at M = 1 and 16: the base GEMV alone, plus the
-    adapters in its own launch (kernels/gemv_lora.py), and plus `lora_add_many`'s two launches."""
+    """Decode LoRA (r = 16) on the engine's Qwen3-8B shapes, Qwen3-30B-A3B's qkv and DeepSeek-V3's q_b at M = 1-16:
+    the base GEMV alone, plus the adapters in its own launch (kernels/gemv_lora.py), and plus `lora_add_many`'s two
+    launches (the dispatch fuses them only where the GEMV kernel can: M <= 8 on the mma GEMV)."""
     say("\n== decode LoRA, r = 16: graph_us (cold L2); 'fused' = adapters in the GEMV launch, '+2' = GEMV + "
         "lora_add_many ==")
+    say(f"(the fused poll sleeps {gemv_lora.POLL_NS} ns between polls: ORBIT_LORA_POLL_NS)")
     say("shape              M   base_us  fused_us  +2_us   fused-base  +2-base")
     fmt = get_format("int4")
     cases = [("qkv", 6144, 4096, (4096, 1024, 1024)), ("o", 4096, 4096, (4096,)),
-             ("gate_up", 24576, 4096, (12288, 12288)), ("down", 4096, 12288, (4096,))]  # fmt: skip
+             ("gate_up", 24576, 4096, (12288, 12288)), ("down", 4096, 12288, (4096,)),
+             ("30B-A3B qkv", 5120, 2048, (4096, 512, 512)), ("DSV3 q_b", 24576, 1536, (24576,))]  # fmt: skip
     for name, n, k, ns in cases:
         if time.time() > deadline:
             return
@@ -462,7 +465,7 @@ def section_lora(deadline: float) -> None:
         a = [torch.randn(16, k, device="cuda").bfloat16() / k**0.5 for _ in ns]
         b = [torch.randn(ng, 16, device="cuda").bfloat16() for ng in ns]
         delta = kernels.LoraDelta(a, b, [2.0] * len(ns))
-        for m in (1, 16):
+        for m in (1, 2, 4, 8, 16):
             x = torch.randn(m, k, device="cuda").bfloat16()
             base = graph_us(kernels.dequant_linear, x, fmt, packed)
             fused = graph_us(kernels.dequant_linear, x, fmt, packed, lora=delta)
