@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 import triton
-from orbit_lightning.kernels import configs, dequant_weight, gemm, gemv, gemv_lora, gemv_mma
+from orbit_lightning.kernels import configs, dequant_weight, gemm, gemv, gemv_mma
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 
@@ -448,12 +448,12 @@ def _gemv_then_lora(x, fmt, packed, delta):
 
 def section_lora(deadline: float) -> None:
     """Decode LoRA (r = 16) on the engine's Qwen3-8B shapes, Qwen3-30B-A3B's qkv and DeepSeek-V3's q_b at M = 1-16:
-    the base GEMV alone, plus the adapters in its own launch (kernels/gemv_lora.py), and plus `lora_add_many`'s two
-    launches (the dispatch fuses them only where the GEMV kernel can: M <= 8 on the mma GEMV)."""
+    the base GEMV alone, plus the adapters in the small-M kernel's own launch (kernels/gemv_lora.py, the config
+    configs.pick_gemv gives), plus `lora_add_many`'s two launches, and what the dispatch runs (configs.fuse_lora
+    picks between the first two; at 16 rows on Hopper, wgmma_int4 then lora_add_many)."""
     say("\n== decode LoRA, r = 16: graph_us (cold L2); 'fused' = adapters in the GEMV launch, '+2' = GEMV + "
-        "lora_add_many ==")
-    say(f"(the fused poll sleeps {gemv_lora.POLL_NS} ns between polls: ORBIT_LORA_POLL_NS)")
-    say("shape              M   base_us  fused_us  +2_us   fused-base  +2-base")
+        "lora_add_many, 'disp' = dispatched ==")
+    say("shape              M   base_us  fused_us  +2_us   disp_us   fused-base  +2-base  disp-base")
     fmt = get_format("int4")
     cases = [("qkv", 6144, 4096, (4096, 1024, 1024)), ("o", 4096, 4096, (4096,)),
              ("gate_up", 24576, 4096, (12288, 12288)), ("down", 4096, 12288, (4096,)),
@@ -462,15 +462,19 @@ def section_lora(deadline: float) -> None:
         if time.time() > deadline:
             return
         packed = fmt.random_packed((n, k), device="cuda")
+        w = resolve("int4", packed, stacked=False)
         a = [torch.randn(16, k, device="cuda").bfloat16() / k**0.5 for _ in ns]
         b = [torch.randn(ng, 16, device="cuda").bfloat16() for ng in ns]
         delta = kernels.LoraDelta(a, b, [2.0] * len(ns))
         for m in (1, 2, 4, 8, 16):
             x = torch.randn(m, k, device="cuda").bfloat16()
+            cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
             base = graph_us(kernels.dequant_linear, x, fmt, packed)
-            fused = graph_us(kernels.dequant_linear, x, fmt, packed, lora=delta)
+            fused = graph_us(_run_lora, x, w, cfg, delta)
             two = graph_us(_gemv_then_lora, x, fmt, packed, delta)
-            say(f"{name:16s} {m:4d}  {base:8.2f}  {fused:8.2f}  {two:6.2f}  {fused - base:10.2f}  {two - base:7.2f}")
+            disp = graph_us(kernels.dequant_linear, x, fmt, packed, lora=delta)
+            say(f"{name:16s} {m:4d}  {base:8.2f}  {fused:8.2f}  {two:6.2f}  {disp:7.2f}   {fused - base:10.2f}  "
+                f"{two - base:7.2f}  {disp - base:9.2f}")
 
 
 def _run_lora(x, w, cfg, delta):

@@ -202,6 +202,17 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
     return next(cfg for bound, cfg in _GEMV if m <= bound)
 
 
+def fuse_lora(m: int, cfg: GemvConfig) -> bool:
+    """Whether the small-M kernel of config `cfg` adds the LoRA deltas of M = m rows in its own launch
+    (gemv_lora.py), rather than `lora_add_many` after it. The mma GEMV fuses them at M = 1 only: at 2-8 rows its
+    rank programs (tensor-core slices of 256, partials summed by the last) cost more than the two extra launches
+    (bench/gemv_sweep.py --sections lora, H200, twentieth session: Qwen3-8B qkv +8.1-8.5 us against +5.5-5.9,
+    gate_up +7.5-14.7 against +5.0-5.6, DeepSeek-V3 q_b +22-49 against +4.0-5.1; only down, K = 12288, was
+    cheaper fused, +4.9-6.0 against +7.4-7.9), while at M = 1 fused wins on all but Qwen3-30B-A3B qkv
+    and q_b. The tile kernels (CPU, GPUs without the mma path) keep fusing at every M, as measured before."""
+    return m == 1 or not cfg.mma
+
+
 TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32 values
 
 

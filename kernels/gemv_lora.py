@@ -28,7 +28,6 @@ decoupled look-back scans). Triton's interpreter runs programs in that order too
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -37,7 +36,6 @@ import triton.language as tl
 from torch import Tensor
 
 from .buffers import stream_buffer
-from .emulate import INTERPRETED
 from .lora import _BK as SLICE  # K per rank program at M > 1: lora.py's down kernel's slices
 from .lora import MAX_SEGMENTS, _pick
 
@@ -54,12 +52,6 @@ N_COUNTERS = MAX_SEGMENTS
 MAX_BM, MAX_BR = 16, 64
 STATE_WORDS = 1 + MAX_SEGMENTS * MAX_BM * MAX_BR
 _LOW = tl.constexpr(0xFFFFFFFF)
-# Nanoseconds a waiting output tile sleeps between polls of its t words (0: none). Every waiting program polls the
-# same few lines of the state, and the rank programs' writes to them queue behind the polls (bench/RESULTS.md,
-# twentieth session). ORBIT_LORA_POLL_NS, read at import, to measure it.
-POLL_NS = int(os.environ.get("ORBIT_LORA_POLL_NS", "0"))
-_POLL_NS = tl.constexpr(0 if INTERPRETED else POLL_NS)
-_SLEEP = tl.constexpr(f"nanosleep.u32 {POLL_NS}; mov.b32 $0, $1;")
 
 
 class LoraDelta(NamedTuple):
@@ -239,8 +231,6 @@ def lora_finish_tile(y, n0, offs_n, M, N, b0, b1, b2, scale0, scale1, scale2, st
     tag = (arrived >> 32) + 1
     words = tl.load(ptrs, mask=live, other=0, volatile=True)
     while tl.min(tl.reshape(((words >> 32) == tag) | ~live, (BR * BM,)).to(tl.int32), axis=0) == 0:
-        if _POLL_NS > 0:
-            tl.inline_asm_elementwise(_SLEEP, "=r,r", [tag.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
         words = tl.load(ptrs, mask=live, other=0, volatile=True)  # one round trip per poll
     t = (words & _LOW).to(tl.int32).to(tl.float32, bitcast=True).to(b.dtype)
     delta = tl.dot(b, t)  # [BN, BM] fp32: B t for each output row and activation row

@@ -99,28 +99,47 @@ def test_fits_rejects_what_the_fused_path_cannot_take():
     assert not fits(mixed, x, 32, 16, 16)  # ranks differ
 
 
+def test_the_mma_gemv_takes_the_adapters_into_its_launch_at_one_row_only():
+    """configs.fuse_lora, as the dispatch (gemm.dense_gemm) asks it: the shipped mma GEMV configs fuse at M = 1 and
+    leave 2-8 rows to lora_add_many (measured slower fused, bench/RESULTS.md); the tile kernels fuse at every M."""
+    mma = [kernels.configs._GEMV_MMA, kernels.configs._GEMV_MMA_LONG_K, kernels.configs._GEMV_MMA_ONE_TILE]
+    assert [kernels.configs.fuse_lora(m, cfg) for cfg in mma for m in (1, 2, 8)] == [True, False, False] * 3
+    tiles = [cfg for _, cfg in kernels.configs.GEMV_TILES] + [kernels.configs._GEMV_CPU]
+    assert all(kernels.configs.fuse_lora(m, cfg) for cfg in tiles for m in (1, 2, 8, 16))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("shape", [(6144, 4096, (4096, 1024, 1024)), (24576, 4096, (12288, 12288)),
                                    (4096, 12288, (4096,))], ids=["qkv", "gate_up", "down"])  # fmt: skip
 def test_fused_lora_bf16_gpu_matches_fp64(shape, m, monkeypatch):
-    """The engine's shapes through the dispatched kernel (at M = 1 gemv_mma.py's) against the fp64 oracle.
-    Bound: the base GEMV's 2^-8 (sum |x||w| + |ref|) (test_gemv.py); the adapter path rounds t, B t, the scaled
-    delta and the sum to bf16, 2^-9 each of at most sum_g s_g (|x| |A_g|^T) |B_g|^T + |ref|: 2^-7 covers both.
-    The unfused kernels (lora_add_many after the GEMV) must meet the same bound: the two round t from different
-    fp32 sums (FMA slices here, tensor-core slices there), so their bits may differ."""
+    """The engine's shapes through the dispatched small-M kernel (at M <= 8 gemv_mma.py's) with the adapters in its
+    launch, against the fp64 oracle. Bound: the base GEMV's 2^-8 (sum |x||w| + |ref|) (test_gemv.py); the adapter
+    path rounds t, B t, the scaled delta and the sum to bf16, 2^-9 each of at most sum_g s_g (|x| |A_g|^T) |B_g|^T
+    + |ref|: 2^-7 covers both. The unfused kernels (lora_add_many after the GEMV) must meet the same bound: the two
+    round t from different fp32 sums (FMA slices here, tensor-core slices there), so their bits may differ. Where
+    configs.fuse_lora says no (the mma GEMV at 2-8 rows), the dispatch is the unfused pair, bit for bit."""
     monkeypatch.setattr(kernels.configs, "WGMMA_INT4", False)  # (16 rows on Hopper: wgmma_int4, LoRA after it)
     n, k, ns = shape
     packed, w = random_weight("int4", (n, k), seed=6, device="cuda")
     delta = _adapters(ns, k, 16, torch.bfloat16)
     delta = LoraDelta([t.cuda() for t in delta.a], [t.cuda() for t in delta.b], delta.scale)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    fused = kernels.dequant_linear(x, "int4", packed, lora=delta)
+    wk = resolve("int4", packed, stacked=False)
+    cfg = kernels.configs.pick_gemv(m, x.device, x.dtype, True, wk)
+
+    def in_launch():
+        return gemv.gemv(x, wk, torch.empty((m, n), dtype=x.dtype, device=x.device), cfg,
+                         lambda c: gemm._tickets(x.device, c), True, delta)  # fmt: skip
+
+    fused = in_launch()
     unfused = kernels.lora_add_many(kernels.dequant_linear(x, "int4", packed), x, *delta)
+    dispatched = kernels.dequant_linear(x, "int4", packed, lora=delta)
+    assert torch.equal(dispatched, fused if kernels.configs.fuse_lora(m, cfg) else unfused)
     state = lora_state(x.device)
     epoch = int(state[0]) >> 32
-    assert torch.equal(kernels.dequant_linear(x, "int4", packed, lora=delta), fused)  # deterministic, re-armed
+    assert torch.equal(in_launch(), fused)  # deterministic, re-armed
     assert not gemm._tickets(x.device, 0).any()
     assert int(state[0]) == (epoch + 1) << 32
     ref, mag = _oracle(x.double().cpu(), w.cpu(), LoraDelta([t.cpu() for t in delta.a], [t.cpu() for t in delta.b],
