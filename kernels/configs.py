@@ -202,15 +202,20 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
     return next(cfg for bound, cfg in _GEMV if m <= bound)
 
 
-def fuse_lora(m: int, cfg: GemvConfig) -> bool:
-    """Whether the small-M kernel of config `cfg` adds the LoRA deltas of M = m rows in its own launch
-    (gemv_lora.py), rather than `lora_add_many` after it. The mma GEMV fuses them at M = 1 only: at 2-8 rows its
-    rank programs (tensor-core slices of 256, partials summed by the last) cost more than the two extra launches
-    (bench/gemv_sweep.py --sections lora, H200, twentieth session: Qwen3-8B qkv +8.1-8.5 us against +5.5-5.9,
-    gate_up +7.5-14.7 against +5.0-5.6, DeepSeek-V3 q_b +22-49 against +4.0-5.1; only down, K = 12288, was
-    cheaper fused, +4.9-6.0 against +7.4-7.9), while at M = 1 fused wins on all but Qwen3-30B-A3B qkv
-    and q_b. The tile kernels (CPU, GPUs without the mma path) keep fusing at every M, as measured before."""
-    return m == 1 or not cfg.mma
+FUSE_LORA_MIN_K = 4096
+
+
+def fuse_lora(m: int, k: int, cfg: GemvConfig) -> bool:
+    """Whether the small-M kernel of config `cfg` adds the LoRA deltas of x [m, k] in its own launch (gemv_lora.py),
+    rather than `lora_add_many` after it. The fused adapters pay only where the GEMV's own loop is long enough to
+    hide the rank programs' chain (x A^T by slices, the last summing the partials, then t published): the mma GEMV
+    fuses them at M = 1 and K >= FUSE_LORA_MIN_K only. bench/gemv_sweep.py --sections lora (H200, twentieth
+    session; us over the base GEMV, fused / after): M = 1 Qwen3-8B o 1.0 / 4.5, down 2.3 / 7.6, gate_up 3.8 / 5.1,
+    qkv 4.1 / 4.2, but Qwen3-30B-A3B qkv (K = 2048) 4.6 / 3.9 and DeepSeek-V3 q_b (K = 1536) 7.6 / 4.0; at 2-8 rows
+    (tensor-core slices of 256) fused cost more on every shape but down: qkv 8.1-8.5 / 5.5-5.9, gate_up 7.5-14.7 /
+    5.0-5.6, q_b 22-49 / 4.0-5.1, down 4.9-6.0 / 7.4-7.9. The tile kernels (CPU, GPUs without the mma path) keep
+    fusing wherever the adapters fit, as measured before them."""
+    return not cfg.mma or (m == 1 and k >= FUSE_LORA_MIN_K)
 
 
 TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32 values

@@ -231,7 +231,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         gcfg = pick_gemv(m, a.device, a.dtype, packed_int4, w)
         if gcfg is not None:
             a2 = a2 if a2.stride(1) == 1 else a2.contiguous()
-            fused = lora is not None and fuse_lora(m, gcfg) and fits(lora, a2, p, gcfg.block_m, gcfg.block_n)
+            fused = lora is not None and fuse_lora(m, r, gcfg) and fits(lora, a2, p, gcfg.block_m, gcfg.block_n)
             gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4, lora if fused else None)
             if lora is not None and not fused:
                 out = lora_add_many(out, a2, *lora)

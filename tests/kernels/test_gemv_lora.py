@@ -99,13 +99,17 @@ def test_fits_rejects_what_the_fused_path_cannot_take():
     assert not fits(mixed, x, 32, 16, 16)  # ranks differ
 
 
-def test_the_mma_gemv_takes_the_adapters_into_its_launch_at_one_row_only():
-    """configs.fuse_lora, as the dispatch (gemm.dense_gemm) asks it: the shipped mma GEMV configs fuse at M = 1 and
-    leave 2-8 rows to lora_add_many (measured slower fused, bench/RESULTS.md); the tile kernels fuse at every M."""
-    mma = [kernels.configs._GEMV_MMA, kernels.configs._GEMV_MMA_LONG_K, kernels.configs._GEMV_MMA_ONE_TILE]
-    assert [kernels.configs.fuse_lora(m, cfg) for cfg in mma for m in (1, 2, 8)] == [True, False, False] * 3
-    tiles = [cfg for _, cfg in kernels.configs.GEMV_TILES] + [kernels.configs._GEMV_CPU]
-    assert all(kernels.configs.fuse_lora(m, cfg) for cfg in tiles for m in (1, 2, 8, 16))
+def test_the_mma_gemv_takes_the_adapters_into_its_launch_at_one_row_and_long_k_only():
+    """configs.fuse_lora, as the dispatch (gemm.dense_gemm) asks it: the shipped mma GEMV configs fuse at M = 1 from
+    K = 4096 and leave 2-8 rows and shorter K to lora_add_many (measured slower fused, bench/RESULTS.md); the tile
+    kernels fuse at every M and K."""
+    configs = kernels.configs
+    mma = [configs._GEMV_MMA, configs._GEMV_MMA_LONG_K, configs._GEMV_MMA_ONE_TILE]
+    for cfg in mma:  # rows: K = 2048, 4096, 16384; columns: M = 1, 2, 8
+        got = [[configs.fuse_lora(m, k, cfg) for m in (1, 2, 8)] for k in (2048, 4096, 16384)]
+        assert got == [[False, False, False], [True, False, False], [True, False, False]], cfg
+    tiles = [cfg for _, cfg in configs.GEMV_TILES] + [configs._GEMV_CPU]
+    assert all(configs.fuse_lora(m, k, cfg) for cfg in tiles for m in (1, 2, 8, 16) for k in (512, 4096))
 
 
 @pytest.mark.gpu
@@ -119,7 +123,7 @@ def test_fused_lora_bf16_gpu_matches_fp64(shape, m, monkeypatch):
     path rounds t, B t, the scaled delta and the sum to bf16, 2^-9 each of at most sum_g s_g (|x| |A_g|^T) |B_g|^T
     + |ref|: 2^-7 covers both. The unfused kernels (lora_add_many after the GEMV) must meet the same bound: the two
     round t from different fp32 sums (FMA slices here, tensor-core slices there), so their bits may differ. Where
-    configs.fuse_lora says no (the mma GEMV at 2-8 rows), the dispatch is the unfused pair, bit for bit."""
+    configs.fuse_lora says no (the mma GEMV at 2-8 rows, or K < 4096), the dispatch is the unfused pair, bit for bit."""
     monkeypatch.setattr(kernels.configs, "WGMMA_INT4", False)  # (16 rows on Hopper: wgmma_int4, LoRA after it)
     n, k, ns = shape
     packed, w = random_weight("int4", (n, k), seed=6, device="cuda")
@@ -136,7 +140,7 @@ def test_fused_lora_bf16_gpu_matches_fp64(shape, m, monkeypatch):
     fused = in_launch()
     unfused = kernels.lora_add_many(kernels.dequant_linear(x, "int4", packed), x, *delta)
     dispatched = kernels.dequant_linear(x, "int4", packed, lora=delta)
-    assert torch.equal(dispatched, fused if kernels.configs.fuse_lora(m, cfg) else unfused)
+    assert torch.equal(dispatched, fused if kernels.configs.fuse_lora(m, k, cfg) else unfused)
     state = lora_state(x.device)
     epoch = int(state[0]) >> 32
     assert torch.equal(in_launch(), fused)  # deterministic, re-armed
