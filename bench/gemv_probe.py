@@ -65,8 +65,8 @@ def run_variant(variant: str) -> None:
             x = bk.randn(1, k)
             bf16, int4 = bk.graph_us(F.linear, x, w), bk.graph_us(kernels.int4_linear, x, packed)
             ratios.append(bf16 / int4)
-            say = f"{variant:9} {model:16} {layer:12} bf16 {bf16:7.1f} int4 {int4:7.1f} x {bf16 / int4:5.2f}"
-            print(say, flush=True)
+            line = f"{variant:9} {model:16} {layer:12} bf16 {bf16:7.1f} int4 {int4:7.1f} x {bf16 / int4:5.2f}"
+            print(line, flush=True)
             del w, packed
             torch.cuda.empty_cache()
     print(f"{variant:9} GEOMEAN M=1 x {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}", flush=True)

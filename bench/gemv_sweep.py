@@ -102,9 +102,9 @@ def tickets(n: int) -> torch.Tensor:
     return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
 
 
-def run_gemv(x: torch.Tensor, w, cfg: GemvConfig) -> torch.Tensor:
+def run_gemv(x: torch.Tensor, w, cfg: GemvConfig, lora=None) -> torch.Tensor:
     out = torch.empty((x.shape[0], w.n), dtype=x.dtype, device=x.device)
-    return gemv.gemv(x, w, out, cfg, tickets, gemm.fast_int4(w, x.dtype))
+    return gemv.gemv(x, w, out, cfg, tickets, gemm.fast_int4(w, x.dtype), lora)
 
 
 def packed_bytes(packed: dict) -> int:
@@ -470,16 +470,11 @@ def section_lora(deadline: float) -> None:
             x = torch.randn(m, k, device="cuda").bfloat16()
             cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
             base = graph_us(kernels.dequant_linear, x, fmt, packed)
-            fused = graph_us(_run_lora, x, w, cfg, delta)
+            fused = graph_us(run_gemv, x, w, cfg, delta)
             two = graph_us(_gemv_then_lora, x, fmt, packed, delta)
             disp = graph_us(kernels.dequant_linear, x, fmt, packed, lora=delta)
             say(f"{name:16s} {m:4d}  {base:8.2f}  {fused:8.2f}  {two:6.2f}  {disp:7.2f}   {fused - base:10.2f}  "
                 f"{two - base:7.2f}  {disp - base:9.2f}")
-
-
-def _run_lora(x, w, cfg, delta):
-    out = torch.empty((x.shape[0], w.n), dtype=x.dtype, device=x.device)
-    return gemv.gemv(x, w, out, cfg, tickets, gemm.fast_int4(w, x.dtype), delta)
 
 
 def section_regs(deadline: float) -> None:
@@ -514,11 +509,11 @@ def section_regs(deadline: float) -> None:
                     want = ref + 2.0 * (x.float() @ a.float().T) @ b.float().T if lora else ref
                     times = []
                     for c in (cfg, capped):
-                        y = _run_lora(x, w, c, d)
+                        y = run_gemv(x, w, c, d)
                         err = ((y.float() - want).abs() - bound - 2.0**-8 * want.abs()).max().item()
                         if err > 0:
                             say(f"  WRONG {model}.{layer} M={m} lora={lora} maxnreg={c.maxnreg}: {err:.3e}")
-                        times.append(graph_us(_run_lora, x, w, c, d))
+                        times.append(graph_us(run_gemv, x, w, c, d))
                     ratios[lora].append(times[0] / times[1])
                     say(f"{model + '.' + layer:30s} {m:2d}  {int(lora):4d}  {n // cfg.block_n:5d}  {nw:5d}  {bf:6.1f}"
                         f"  {times[0]:8.2f}  {times[1]:6.2f}   {bf / times[1]:5.2f} / {bf / times[0]:5.2f}")

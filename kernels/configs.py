@@ -123,6 +123,11 @@ class GemvConfig:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
 
+    @property
+    def launch_options(self) -> dict:
+        """The launch's register cap as Triton takes it (none: the compiler's choice)."""
+        return {"maxnreg": self.maxnreg} if self.maxnreg else {}
+
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)

@@ -370,6 +370,6 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), k // TILE_K // nw, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
         U=cfg.mma_tiles if m <= 8 else 1, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
-        launch_pdl=pdl, num_warps=nw, **launch.constexprs, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        launch_pdl=pdl, num_warps=nw, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out
