@@ -143,6 +143,9 @@ class GemvConfig:
             raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
         if self.k_iters < 0 or self.programs_per_sm < 1:
             raise ValueError("GemvConfig.k_iters must be >= 0 and programs_per_sm >= 1")
+        # 255: the hardware's maximum per thread; 24: setmaxnreg's floor (no kernel here fits below it unspilled)
+        if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
+            raise ValueError(f"GemvConfig.maxnreg caps registers per thread: None or 24-255, got {self.maxnreg}")
 
 
 # Small-M forward (decode) on the bandwidth-bound kernel, by M bucket; larger M uses the tile GEMM. From

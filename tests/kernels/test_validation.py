@@ -55,6 +55,17 @@ def test_tile_config_checks():
         kernels.TileConfig(16, 32, 32, split_k=-1)
 
 
+def test_gemv_config_checks_its_register_cap():
+    """A register cap outside what ptxas takes is refused when the config is made, not at the first launch."""
+    from orbit_lightning.kernels.configs import GemvConfig
+
+    for bad in (0, 16, 256):
+        with pytest.raises(ValueError, match="maxnreg"):
+            GemvConfig(16, 16, 128, mma=True, maxnreg=bad)
+    assert GemvConfig(16, 16, 128, mma=True, maxnreg=80).launch_options == {"maxnreg": 80}
+    assert GemvConfig(16, 16, 128).launch_options == {}
+
+
 @pytest.mark.parametrize("length,splits,step", [(4096, 4, 128), (12288, 88, 128), (1056, 9, 128), (1000, 3, 64),
                                                 (128, 5, 128), (1, 7, 16)])
 def test_split_evenly_covers_the_length_in_whole_steps_without_empty_splits(length, splits, step):
