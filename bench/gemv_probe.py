@@ -6,8 +6,12 @@ the time means anything. It bounds what any cheaper decode of the same words can
 
 ship: the shipped text. noscale: without the fma by the scale. nofma: without both fmas (the -136 offset and the
 scale). noprmt: also without the activation prmts (movs instead). nodecode: also without the shr and lop3 (the raw
-word as the operand). Each variant runs in a subprocess of its own (the kernel's PTX is a constexpr, so each text
-compiles a kernel of its own; the cache dir is per variant).
+word as the operand). loadonly: no mma and no decode at all, the loaded registers only folded into the accumulator
+(the floor of this kernel's loads, loop and epilogue). xjit: the shipped tile (right values), each step's
+activations loaded in that step instead of one step ahead (fewer registers in flight). early / early-w: a warp
+barrier after the next step's loads (all / the words). rN[pP]: the shipped kernel capped at N registers per thread
+(with P warps per SM as the grid's target). Each variant runs in a subprocess of its own (the kernel's PTX is a
+constexpr, so each text compiles a kernel of its own; the cache dir is per variant).
 """
 
 from __future__ import annotations
@@ -15,14 +19,42 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
+from dataclasses import replace
 
-VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode")
+import triton
+import triton.language as tl
+from orbit_lightning.kernels import gemv_mma
+
+VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "xjit", "early", "early-w")
+
+
+def loadonly_text() -> str:
+    """The M = 1 tile's operands (d, 8 words, 2 scales, 16 x registers, c) with no mma and no decode: the words, the
+    scales and x xor-folded into c0 (as its bits, so no load can be dropped) and c1-c3 passed through. What is left
+    of the kernel is its loads, its loop and its epilogue."""
+    regs = [f"${i}" for i in range(4, 12)] + ["s"] + [f"${i}" for i in range(14, 30)]
+    lines = ["{", ".reg .b32 q, s;", "mov.b32 s, {$12, $13};", f"lop3.b32 q, {regs[0]}, {regs[1]}, {regs[2]}, 0x96;"]
+    rest = regs[3:]
+    for i in range(0, len(rest) - 1, 2):
+        lines.append(f"lop3.b32 q, q, {rest[i]}, {rest[i + 1]}, 0x96;")
+    lines += [
+        "and.b32 q, q, 0x00FFFFFF;",  # a tiny float: c0 stays finite
+        "add.f32 $0, $30, q;",
+        "mov.f32 $1, $31;",
+        "mov.f32 $2, $32;",
+        "mov.f32 $3, $33;",
+        "}",
+    ]
+    return "\n".join(lines)
 
 
 def probe_text(text: str, variant: str) -> str:
     """The tile PTX `text` with the instructions `variant` leaves out removed (or made movs)."""
+    if variant == "loadonly":
+        return loadonly_text()
     out = []
     for line in text.split("\n"):
         s = line.strip()
@@ -41,16 +73,167 @@ def probe_text(text: str, variant: str) -> str:
     return "\n".join(out)
 
 
+@triton.jit
+def _warp_sync(dep):
+    """bar.warp.sync after the loads that produced `dep` (an operand the text never reads, so LLVM keeps those loads
+    above it): ptxas moves no memory access across it, so the loads stay at the top of the step."""
+    return tl.inline_asm_elementwise("bar.warp.sync -1;", "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def early_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn,
+                   GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
+                   NW: tl.constexpr, X_EARLY: tl.constexpr):  # fmt: skip
+    """gemv_mma.mma_mainloop with a warp barrier after the next step's loads (X_EARLY: words and activations; else
+    the words only), which ptxas otherwise issues late in the step, after most of its mmas."""
+    ok = tl.full((32 * NW,), 1, tl.int32)
+    k_hi = k_lo + tiles_per_warp * gemv_mma._TILE_K
+    x_nxt = gemv_mma._load_xs(x_rows, x_ok, k_lo, ok, U, NT)
+    zero = tl.zeros((32 * NW,), dtype=tl.float32)
+    acc = ()
+    for _m in tl.static_range(MT):
+        if NT == 1:
+            acc = acc + ((zero, zero, zero, zero),)
+        else:
+            acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
+    for i in range(0, tiles_per_warp, U):
+        k1 = k_lo + (i + U) * gemv_mma._TILE_K
+        cur = nxt
+        xv = x_nxt
+        ok = (k1 < k_hi).to(tl.int32)
+        nxt = gemv_mma._load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
+        if X_EARLY:
+            x_nxt = gemv_mma._load_xs(x_rows, x_ok, k1, ok, U, NT)
+            _warp_sync(nxt[0][0] + x_nxt[0][0])
+        else:
+            _warp_sync(nxt[0][0])
+            x_nxt = gemv_mma._load_xs(x_rows, x_ok, k1, ok, U, NT)
+        new = ()
+        for m in tl.static_range(MT):
+            a = acc[m]
+            for u in tl.static_range(U):
+                if NT == 1:
+                    a = gemv_mma._tile(cur[u * MT + m], (xv[u],), a, NT)
+                else:
+                    a = gemv_mma._tile(cur[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
+            new = new + (a,)
+        acc = new
+    return acc
+
+
+@triton.jit
+def early_both(
+    nxt,
+    w_rows,
+    s_rows,
+    x_rows,
+    x_ok,
+    k_lo,
+    tiles_per_warp,
+    stride_wn,
+    stride_sn,
+    GROUP: tl.constexpr,
+    MT: tl.constexpr,
+    NT: tl.constexpr,
+    U: tl.constexpr,
+    LOAD: tl.constexpr,
+    NW: tl.constexpr,
+):
+    return early_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP, MT,
+                          NT, U, LOAD, NW, True)  # fmt: skip
+
+
+@triton.jit
+def early_words(
+    nxt,
+    w_rows,
+    s_rows,
+    x_rows,
+    x_ok,
+    k_lo,
+    tiles_per_warp,
+    stride_wn,
+    stride_sn,
+    GROUP: tl.constexpr,
+    MT: tl.constexpr,
+    NT: tl.constexpr,
+    U: tl.constexpr,
+    LOAD: tl.constexpr,
+    NW: tl.constexpr,
+):
+    return early_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP, MT,
+                          NT, U, LOAD, NW, False)  # fmt: skip
+
+
+@triton.jit
+def xjit_mainloop(
+    nxt,
+    w_rows,
+    s_rows,
+    x_rows,
+    x_ok,
+    k_lo,
+    tiles_per_warp,
+    stride_wn,
+    stride_sn,
+    GROUP: tl.constexpr,
+    MT: tl.constexpr,
+    NT: tl.constexpr,
+    U: tl.constexpr,
+    LOAD: tl.constexpr,
+    NW: tl.constexpr,
+):
+    """gemv_mma.mma_mainloop with each step's activations loaded in that step (not one step ahead): the same
+    products in the same order, without a step of activation registers in flight."""
+    ok = tl.full((32 * NW,), 1, tl.int32)
+    k_hi = k_lo + tiles_per_warp * gemv_mma._TILE_K
+    zero = tl.zeros((32 * NW,), dtype=tl.float32)
+    acc = ()
+    for _m in tl.static_range(MT):
+        if NT == 1:
+            acc = acc + ((zero, zero, zero, zero),)
+        else:
+            acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
+    for i in range(0, tiles_per_warp, U):
+        k0 = k_lo + i * gemv_mma._TILE_K
+        k1 = k0 + U * gemv_mma._TILE_K
+        cur = nxt
+        xv = gemv_mma._load_xs(x_rows, x_ok, k0, ok, U, NT)
+        nxt = gemv_mma._load_weights(w_rows, s_rows, k1, (k1 < k_hi).to(tl.int32), stride_wn, stride_sn, GROUP, U,
+                                     MT, LOAD)  # fmt: skip
+        new = ()
+        for m in tl.static_range(MT):
+            a = acc[m]
+            for u in tl.static_range(U):
+                if NT == 1:
+                    a = gemv_mma._tile(cur[u * MT + m], (xv[u],), a, NT)
+                else:
+                    a = gemv_mma._tile(cur[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
+            new = new + (a,)
+        acc = new
+    return acc
+
+
+PATCHED = {"xjit": xjit_mainloop, "early": early_both, "early-w": early_words}
+
+
 def run_variant(variant: str) -> None:
     import torch
     import torch.nn.functional as F
-    import triton.language as tl
-    from orbit_lightning.kernels import gemv_mma
 
     from orbit_lightning import kernels
     from orbit_lightning.quant.formats import get_format
 
-    if variant != "ship":
+    cap = re.fullmatch(r"r(\d+)(?:p(\d+))?", variant)
+    if cap:  # the shipped kernel under a register cap (ptxas then schedules the loads otherwise), warps per SM
+        from orbit_lightning.kernels import configs
+
+        extra = {"maxnreg": int(cap[1])} | ({"programs_per_sm": int(cap[2])} if cap[2] else {})
+        for name in ("_GEMV_MMA", "_GEMV_MMA_LONG_K", "_GEMV_MMA_ONE_TILE"):
+            setattr(configs, name, replace(getattr(configs, name), **extra))
+    elif variant in PATCHED:
+        gemv_mma.mma_mainloop = PATCHED[variant]
+    elif variant != "ship":
         gemv_mma._TILE1 = tl.constexpr(probe_text(gemv_mma._tile_asm(1), variant))
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(here, "kernels.py"))
@@ -76,7 +259,7 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         return run_variant(sys.argv[2])
     for variant in sys.argv[1:] or VARIANTS:
-        if variant not in VARIANTS:
+        if variant not in VARIANTS and not re.fullmatch(r"r\d+(p\d+)?", variant):
             sys.exit(f"bench/gemv_probe.py: unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
         env = dict(os.environ, TRITON_CACHE_DIR=os.path.join("/tmp", f"gemv_probe_{variant}"))
         subprocess.run([sys.executable, __file__, "--child", variant], env=env, check=True)
