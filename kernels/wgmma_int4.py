@@ -49,6 +49,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .configs import capability, max_row_tiles, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
+from .pdl import TRIGGER, use_pdl
 from .timeline import CYCLES, check_stamps, gluon_stamp
 
 MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
@@ -60,6 +61,7 @@ SCALE_CHUNK = gl.constexpr(8)
 # loop end read the tail 1-2 us long. (The loader and the MMA warps share their SM's cycle counter.)
 FIRST_DATA, LOOP_END, EXIT_CYCLES = gl.constexpr(CYCLES + 1), gl.constexpr(CYCLES + 2), gl.constexpr(CYCLES + 3)
 FIRST_ISSUE = gl.constexpr(CYCLES + 4)
+_PDL_TRIGGER = gl.constexpr(TRIGGER)
 
 # Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -114,25 +116,75 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 
 
 @gluon.jit
+def _gdc_wait():
+    """griddepcontrol.wait (pdl.py's wait_for_producers; Gluon has no op of its own): block until the kernel before
+    this one in the stream has completed and its writes are visible."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    """griddepcontrol.launch_dependents (pdl.py's launch_dependents): let the next kernel in the stream launch."""
+    if _PDL_TRIGGER:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _load_scales(s_desc, s_smem, s_ready, sslot, w_row, g):
+    mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
+    _tma_load(s_desc, [w_row, g], s_ready.index(sslot), s_smem.index(sslot))
+
+
+@gluon.jit
+def _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k, WORDS: gl.constexpr):
+    """A step's activations and (WORDS) words into ring slot `slot`; without WORDS they went out already, under the
+    slot's expected bytes for both."""
+    if WORDS:
+        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+    _tma_load(x_desc, [m_lo, k], ready.index(slot), x_smem.index(slot))
+    if WORDS:
+        _tma_load(w_desc, [w_row, k // 8], ready.index(slot), w_smem.index(slot))
+
+
+@gluon.jit
 def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, m_lo,
                     k_lo, n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                     CS: gl.constexpr, SSTAGES: gl.constexpr, stamps_ptr=None, program=0,
-                    STAMPS: gl.constexpr = False):
+                    STAMPS: gl.constexpr = False, PDL: gl.constexpr = False):
     """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
-    step's activations and words into theirs."""
+    step's activations and words into theirs. PDL: the first scale chunk and the first STAGES steps' words go out
+    before the wait for the kernel before this one (it may write x; no kernel writes the frozen packed weights), so
+    the ring's fill, the first TMA's 1-2 us latency, overlaps that kernel's tail."""
     gluon_stamp(stamps_ptr, program, FIRST_ISSUE, STAMPS)
+    if PDL:
+        if n_chunks > 0:
+            _load_scales(s_desc, s_smem, s_ready, 0, w_row, k_lo // GROUP)
+        for j in gl.static_range(STAGES):
+            if j < n_chunks * CS:
+                mbarrier.expect(ready.index(j), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                _tma_load(w_desc, [w_row, (k_lo + j * BK) // 8], ready.index(j), w_smem.index(j))
+        _gdc_wait()
+        _gdc_launch_dependents()
     for c in range(n_chunks):
         sslot = c % SSTAGES
         mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
-        mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
-        _tma_load(s_desc, [w_row, k_lo // GROUP + c * SCALE_CHUNK], s_ready.index(sslot), s_smem.index(sslot))
+        if PDL:
+            if c > 0:
+                _load_scales(s_desc, s_smem, s_ready, sslot, w_row, k_lo // GROUP + c * SCALE_CHUNK)
+        else:
+            _load_scales(s_desc, s_smem, s_ready, sslot, w_row, k_lo // GROUP + c * SCALE_CHUNK)
         for j in gl.static_range(CS):
             i = c * CS + j
             slot = i % STAGES
             mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            _tma_load(x_desc, [m_lo, k_lo + i * BK], ready.index(slot), x_smem.index(slot))
-            _tma_load(w_desc, [w_row, (k_lo + i * BK) // 8], ready.index(slot), w_smem.index(slot))
+            if PDL:
+                if i < STAGES:
+                    _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, False)
+                else:
+                    _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, True)
+            else:
+                _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, True)
 
 
 @gluon.jit
@@ -245,7 +297,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, num_warps: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
     pid_n = gl.program_id(0)
     program = pid_n + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
     gluon_stamp(stamps_ptr, program, 0, STAMPS)
@@ -299,7 +351,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
             (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
                               GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps, stamps_ptr, program, STAMPS)),
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
-                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, stamps_ptr, program, STAMPS)),
+                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, stamps_ptr, program, STAMPS,
+                               PDL)),
         ], [1], [24])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -309,6 +362,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         mbarrier.invalidate(s_empty.index(s))
 
     if PARTS == 1:
+        if PDL:  # (the MMA warps' own wait: out, the partials and the tickets may be read or written before)
+            _gdc_wait()
         if HALVES:  # (the host launches no K split with halves)
             _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
                          stride_om, BN, BM // 2, False, False, num_warps)
@@ -478,6 +533,8 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
     bn = 16 * tile.warps
     if max(grid[1], 1) * m * n >= 2**31:
         raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
+    # PDL for the one-partition dense tiles, the decode batches' (the grouped kernel reads the routing's offsets first).
+    pdl = experts == 0 and tile.parts == 1 and use_pdl(x.device)
     _wgmma_int4_kernel[grid](
         _desc(x, [bm, tile.bk], "bf16"), _desc(values, [bn, tile.bk // 8], "int32"),
         _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids,
@@ -485,7 +542,7 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
         E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
-        STAMPS=stamps is not None,
+        STAMPS=stamps is not None, PDL=pdl, launch_pdl=pdl,
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 

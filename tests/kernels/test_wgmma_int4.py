@@ -50,6 +50,10 @@ other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one pa
 variants += [("train-g32-other-parts", other_parts, other_parts.bm, 32, False, False),
              ("grouped-g32-other-parts", other_parts, other_parts.bm, 32, False, True)]
 variants += [("bm16-g32-split1-stamps", wg.DECODE, 16, 32, True, False)]  # (bench/wgmma_timeline.py's build)
+# With PDL (the dense one-partition launches on sm_90): the first steps' words go out before the wait.
+variants += [(f"bm{bm}-g{group}-split{int(split)}-pdl", wg.DECODE, bm, group, split, False)
+             for bm in (16, 64) for group in (32, 128) for split in (False, True)]
+variants += [("rows-rows-g32-pdl", wg.ROWS, wg.ROWS.bm, 32, True, False)]
 for name, tile, bm, group, split, grouped in variants:
     bn = 16 * tile.warps
     x = torch.empty(bm, 4096, dtype=torch.bfloat16)
@@ -66,6 +70,7 @@ for name, tile, bm, group, split, grouped in variants:
     const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
                  SPLIT=split, GROUPED=grouped, HALVES=tile.halves, HAS_IDS=grouped, E_POW2=128 if grouped else 1,
                  PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, STAMPS=name.endswith("-stamps"),
+                 PDL=name.endswith("-pdl"),
                  num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32", "ids_ptr": "*i32",
                 "stamps_ptr": "*i64"}
@@ -84,7 +89,8 @@ for name, tile, bm, group, split, grouped in variants:
     report[name] = {"bk": tile.bk, "group": group, "halves": tile.halves, "parts": tile.parts,
         "registers": usage["registers"], "spills": usage["spills"],
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
-        "timers": ptx.count("%globaltimer") + ptx.count("%clock64")}
+        "timers": ptx.count("%globaltimer") + ptx.count("%clock64"),
+        "gdc_wait": ptx.count("griddepcontrol.wait"), "gdc_launch": ptx.count("griddepcontrol.launch_dependents")}
 print(json.dumps(report))
 """
 
@@ -103,7 +109,8 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     decode = {f"bm{bm}-g{g}-split{s}" for bm in (16, 32, 64) for g in (32, 128) for s in (0, 1)}
     assert set(report) == decode | {"rows-rows-g32", "rows-wide-g32", "train-g32", "grouped-g32",
                                     "grouped-g32-other-halves", "train-g32-other-parts", "grouped-g32-other-parts",
-                                    "bm16-g32-split1-stamps"}
+                                    "bm16-g32-split1-stamps", "rows-rows-g32-pdl"} | {
+        f"bm{bm}-g{g}-split{s}-pdl" for bm in (16, 64) for g in (32, 128) for s in (0, 1)}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
@@ -112,7 +119,19 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
         steps = kernels.wgmma_int4.SCALE_CHUNK.value * r["group"] // r["bk"]
         # (halves: one per half of the activation rows; parts: each MMA partition has its own code)
         wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1) * r["parts"]
-        assert r["wgmma"] == wgmmas and r["tma"] == 1 + (1 + r["bk"] // 64) * steps, (name, r)
+        x_boxes = r["bk"] // 64
+        if name.endswith("-pdl"):
+            # The prologue's scale chunk and STAGES steps' words, before the wait; in the loop, the later chunks'
+            # scales, and per step x and its words, or for the first STAGES steps x alone in a branch of its own.
+            stages = kernels.wgmma_int4.STAGES
+            tma = 1 + stages + 1 + (x_boxes + 1) * steps + min(steps, stages) * x_boxes
+            # The loader and the MMA warps wait, the loader triggers (LLVM may copy them onto both of the prologue's
+            # branches).
+            assert r["gdc_wait"] >= 2 and r["gdc_launch"] >= 1, (name, r)
+        else:
+            tma = 1 + (1 + x_boxes) * steps
+            assert (r["gdc_wait"], r["gdc_launch"]) == (0, 0), (name, r)
+        assert r["wgmma"] == wgmmas and r["tma"] == tma, (name, r)
         # Timeline stamps only when built with them: entry (global timer and cycles), the loader's first issue,
         # first data, loop end, exit (cycles and global timer).
         assert r["timers"] == (7 if name.endswith("-stamps") else 0), (name, r)
@@ -242,6 +261,49 @@ def test_decode_rows_with_lora_meet_the_oracle_and_repeat_bitwise(m, monkeypatch
     assert torch.equal(kernels.dequant_linear(x, "int4", packed, lora=delta), y)
     ref, mag = _oracle(x.double().cpu(), w.cpu(), d)
     assert_within(y.cpu(), ref, 2.0**-7 * (mag + ref.abs()))
+
+
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+@pytest.mark.parametrize("fmt", ["int4", "int4-g128"])
+def test_pdl_launches_give_the_bits_of_plain_ones(fmt, monkeypatch):
+    """Launched with PDL the kernel issues its first weight loads before it waits for the kernel before it, which
+    writes its x. Chained after itself (K split: the next launch reuses the tickets the last one resets) and after
+    rms_norm (which lets its dependents launch as it starts), eagerly and in a CUDA graph, every output is the bits
+    the chain gives with PDL off: an early read of x or of the tickets would change them."""
+    from orbit_lightning.kernels import pdl
+
+    calls = _spy(monkeypatch)
+    n = k = 4096
+    m = 16  # (4 K splits on an H200)
+    packed, _ = random_weight(fmt, (n, k), seed=5, device="cuda")
+    gen = torch.Generator("cuda").manual_seed(5)
+    norm_w = torch.rand(k, generator=gen, device="cuda").bfloat16() + 0.5
+    x0 = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
+
+    def chain(x):
+        outs = []
+        for _ in range(4):
+            x = kernels.dequant_linear(kernels.dequant_linear(x, fmt, packed), fmt, packed)
+            outs.append(x)
+            x = kernels.rms_norm(x, norm_w)
+        return torch.stack(outs)
+
+    runs = []
+    for enabled in (False, True):
+        monkeypatch.setattr(pdl, "ENABLED", enabled)
+        assert pdl.use_pdl(x0.device) == enabled
+        eager = chain(x0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = chain(x0)
+        graph.replay()
+        torch.cuda.synchronize()
+        runs += [eager, replayed.clone()]
+    assert len(calls) == 4 * 8 and all(shape == (m, k) for shape in calls)
+    assert runs[0].isfinite().all()
+    for run in runs[1:]:
+        assert torch.equal(run, runs[0])
 
 
 @gpu
