@@ -1,0 +1,113 @@
+"""The dense decode layer's kernels chained as the engine runs them, under a CUDA graph: what PDL buys each launch.
+
+bench/kernels.py times one kernel behind an L2 flush, where the kernel before it (the flush) never lets it start
+early; bench/rollout.py times whole steps, where sampling and attention add ~4 % run-to-run noise. This times only
+Qwen3-8B's projections at M = 9-64 rows (the warpgroup-MMA int4 kernel) between the kernels that produce their
+activations (rms_norm, add_rms_norm, silu_mul; the attention's output stands in as the q part of qkv), over `--layers`
+layers of distinct random int4 weights, and A/Bs in one process, alternating:
+
+- all:   PDL everywhere (as shipped),
+- no-wg: PDL everywhere but wgmma_int4 (its launches plain: it waits for the kernel before it to finish),
+- none:  no PDL at all (kernels.pdl.ENABLED = False).
+
+    python bench/decode_chain.py [--m 16 32 64] [--layers 8] [--rounds 5]
+
+Prints us per layer (median over rounds, each the mean of --replays graph replays) and checks the three settings'
+outputs are bitwise equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+from orbit_lightning.kernels import pdl
+from orbit_lightning.kernels import wgmma_int4 as wg
+
+from orbit_lightning import kernels
+from orbit_lightning.quant.formats import get_format
+
+HIDDEN, Q, QKV, INTER = 4096, 4096, 6144, 12288  # Qwen3-8B
+SETTINGS = ("all", "no-wg", "none")
+
+
+def layer_weights(layers: int, device: str) -> list[dict]:
+    fmt = get_format("int4")
+    gen = torch.Generator(device=device).manual_seed(0)
+    shapes = {"qkv": (QKV, HIDDEN), "o": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
+    return [{name: fmt.random_packed(shape, device=device, generator=gen) for name, shape in shapes.items()}
+            for _ in range(layers)]
+
+
+def chain(h: torch.Tensor, weights: list[dict], norm: torch.Tensor) -> torch.Tensor:
+    x = kernels.rms_norm(h, norm)
+    for w in weights:
+        qkv = kernels.dequant_linear(x, "int4", w["qkv"])
+        o = kernels.dequant_linear(qkv[:, :Q], "int4", w["o"])
+        h, x = kernels.add_rms_norm(o, h, norm)
+        gate_up = kernels.dequant_linear(x, "int4", w["gate_up"])
+        down = kernels.dequant_linear(kernels.silu_mul(gate_up[:, :INTER], gate_up[:, INTER:]), "int4", w["down"])
+        h, x = kernels.add_rms_norm(down, h, norm)
+    return x
+
+
+def apply(setting: str) -> None:
+    pdl.ENABLED = setting != "none"
+    wg.use_pdl = (lambda device: False) if setting == "no-wg" else pdl.use_pdl
+
+
+def capture(m: int, weights: list[dict], norm: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    h = torch.randn(m, HIDDEN, generator=torch.Generator("cuda").manual_seed(m), device="cuda").bfloat16()
+    chain(h, weights, norm)  # compile and allocate outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(h, weights, norm)
+    return graph, out
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / replays
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=20)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/decode_chain.py needs a CUDA GPU")
+    weights = layer_weights(args.layers, "cuda")
+    norm = torch.rand(HIDDEN, generator=torch.Generator("cuda").manual_seed(1), device="cuda").bfloat16() + 0.5
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | Qwen3-8B x {args.layers} layers | us per "
+          f"layer (median of {args.rounds} rounds x {args.replays} replays)")
+    print(f"{'M':>4} " + "".join(f"{s:>9}" for s in SETTINGS) + "   all/no-wg  all/none  same bits")
+    for m in args.m:
+        graphs = {}
+        for setting in SETTINGS:
+            apply(setting)
+            graphs[setting] = capture(m, weights, norm)
+        apply("all")
+        times = {s: [] for s in SETTINGS}
+        for _ in range(args.rounds):
+            for s in SETTINGS:
+                times[s].append(replay_us(graphs[s][0], args.replays) / args.layers)
+        med = {s: statistics.median(t) for s, t in times.items()}
+        same = all(torch.equal(graphs[s][1], graphs["all"][1]) for s in SETTINGS)
+        print(f"{m:>4} " + "".join(f"{med[s]:9.1f}" for s in SETTINGS)
+              + f"   {med['all'] / med['no-wg']:9.3f} {med['all'] / med['none']:9.3f}  {same}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
