@@ -74,13 +74,17 @@ def apply(setting: str) -> None:
     wg.use_pdl = (lambda device: False) if setting == "no-wg" else pdl.use_pdl
 
 
-def capture(m: int, weights: list[dict], norm: torch.Tensor):
-    """(graph, its outputs, the same chain run eagerly)."""
+def capture(m: int, weights: list[dict], norm: torch.Tensor, stream: torch.cuda.Stream):
+    """(graph, its outputs, the same chain run eagerly), warmed up and captured on `stream` as the engine's
+    DecodeGraphs does (the kernels' per-stream buffers, e.g. the split-K tickets, exist before the capture)."""
     h = torch.randn(m, HIDDEN, generator=torch.Generator("cuda").manual_seed(m), device="cuda").bfloat16()
-    eager = chain(h, weights, norm)  # (also compiles and allocates outside the capture)
-    torch.cuda.synchronize()
+    eager = chain(h, weights, norm)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain(h, weights, norm)
+    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         out = chain(h, weights, norm)
     return graph, out, eager
 
@@ -114,7 +118,7 @@ def main() -> None:
         graphs = {}
         for setting in SETTINGS:
             apply(setting)
-            graphs[setting] = capture(m, weights, norm)
+            graphs[setting] = capture(m, weights, norm, torch.cuda.Stream())
         apply("all")
         times = {s: [] for s in SETTINGS}
         for _ in range(args.rounds):
