@@ -1,4 +1,5 @@
-"""The dense decode layer's kernels chained as the engine runs them, under a CUDA graph: what PDL buys each launch.
+"""The dense decode layer's kernels chained as the engine runs them, under a CUDA graph: what PDL buys each launch,
+and whether every setting keeps the bits.
 
 bench/kernels.py times one kernel behind an L2 flush, where the kernel before it (the flush) never lets it start
 early; bench/rollout.py times whole steps, where sampling and attention add ~4 % run-to-run noise. This times only
@@ -6,14 +7,15 @@ Qwen3-8B's projections at M = 9-64 rows (the warpgroup-MMA int4 kernel) between 
 activations (rms_norm, add_rms_norm, silu_mul; the attention's output stands in as the q part of qkv), over `--layers`
 layers of distinct random int4 weights, and A/Bs in one process, alternating:
 
-- all:   PDL everywhere (as shipped),
-- no-wg: PDL everywhere but wgmma_int4 (its launches plain: it waits for the kernel before it to finish),
-- none:  no PDL at all (kernels.pdl.ENABLED = False).
+- shipped: PDL for every kernel that takes it (wgmma_int4 launches plain: wgmma_int4.PDL_LAUNCH is off),
+- wg-pdl:  wgmma_int4 launched with PDL too (PDL_LAUNCH on),
+- none:    no PDL at all (kernels.pdl.ENABLED = False).
 
     python bench/decode_chain.py [--m 16 32 64] [--layers 8] [--rounds 5]
 
-Prints us per layer (median over rounds, each the mean of --replays graph replays), and where each setting's outputs,
-replayed and eager, first differ from the eager chain without PDL (they should not).
+Prints us per layer (median over rounds, each the mean of --replays back-to-back graph replays), then where each
+setting's outputs, replayed and eager, first differ from the eager chain without PDL (they should not: at the
+twenty-second session's commit wg-pdl's replays did, at 16 rows; bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from orbit_lightning import kernels
 from orbit_lightning.quant.formats import get_format
 
 HIDDEN, Q, QKV, INTER = 4096, 4096, 6144, 12288  # Qwen3-8B
-SETTINGS = ("all", "no-wg", "none")
+SETTINGS = ("shipped", "wg-pdl", "none")
 
 
 def layer_weights(layers: int, device: str) -> list[dict]:
@@ -70,14 +72,19 @@ def first_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> str:
 
 
 def apply(setting: str) -> None:
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown setting {setting!r}; choose from {SETTINGS}")
     pdl.ENABLED = setting != "none"
-    wg.use_pdl = (lambda device: False) if setting == "no-wg" else pdl.use_pdl
+    wg.PDL_LAUNCH = setting == "wg-pdl"
 
 
-def capture(m: int, weights: list[dict], norm: torch.Tensor, stream: torch.cuda.Stream):
+def hidden(m: int) -> torch.Tensor:
+    return torch.randn(m, HIDDEN, generator=torch.Generator("cuda").manual_seed(m), device="cuda").bfloat16()
+
+
+def capture(h: torch.Tensor, weights: list[dict], norm: torch.Tensor, stream: torch.cuda.Stream):
     """(graph, its outputs, the same chain run eagerly), warmed up and captured on `stream` as the engine's
     DecodeGraphs does (the kernels' per-stream buffers, e.g. the split-K tickets, exist before the capture)."""
-    h = torch.randn(m, HIDDEN, generator=torch.Generator("cuda").manual_seed(m), device="cuda").bfloat16()
     eager = chain(h, weights, norm)
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -113,24 +120,24 @@ def main() -> None:
     norm = torch.rand(HIDDEN, generator=torch.Generator("cuda").manual_seed(1), device="cuda").bfloat16() + 0.5
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | Qwen3-8B x {args.layers} layers | us per "
           f"layer (median of {args.rounds} rounds x {args.replays} replays)")
-    print(f"{'M':>4} " + "".join(f"{s:>9}" for s in SETTINGS) + "   all/no-wg  all/none")
+    print(f"{'M':>4} " + "".join(f"{s:>9}" for s in SETTINGS) + "   wg-pdl/shipped  shipped/none")
     for m in args.m:
         graphs = {}
         for setting in SETTINGS:
             apply(setting)
-            graphs[setting] = capture(m, weights, norm, torch.cuda.Stream())
-        apply("all")
+            graphs[setting] = capture(hidden(m), weights, norm, torch.cuda.Stream())
+        apply("shipped")
         times = {s: [] for s in SETTINGS}
         for _ in range(args.rounds):
             for s in SETTINGS:
                 times[s].append(replay_us(graphs[s][0], args.replays) / args.layers)
         med = {s: statistics.median(t) for s, t in times.items()}
         print(f"{m:>4} " + "".join(f"{med[s]:9.1f}" for s in SETTINGS)
-              + f"   {med['all'] / med['no-wg']:9.3f} {med['all'] / med['none']:9.3f}", flush=True)
+              + f"   {med['wg-pdl'] / med['shipped']:14.3f} {med['shipped'] / med['none']:13.3f}", flush=True)
         # Bits: every setting's graph and eager outputs against the eager chain without PDL (the launches in order).
         ref = graphs["none"][2]
         for s in SETTINGS:
-            print(f"     {s:6} graph vs eager none: {first_difference(graphs[s][1], ref)}; eager vs eager none: "
+            print(f"     {s:7} graph vs eager none: {first_difference(graphs[s][1], ref)}; eager vs eager none: "
                   f"{first_difference(graphs[s][2], ref)}", flush=True)
 
 

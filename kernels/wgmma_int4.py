@@ -511,6 +511,12 @@ ROWS = replace(DECODE, bm=64)
 WIDE_TILES = (TRAIN, WIDE)  # widest first
 WIDE_PROGRAMS_PER_SM = 0.55
 DECODE_ROWS, MAX_ROWS = 64, 512
+# PDL launches of the dense one-partition tiles (_load_partition's PDL prologue): off. They measured 0-3 % faster per
+# Qwen3-8B decode layer at 16-64 rows (bench/decode_chain.py, twenty-second session), and their outputs matched the
+# plain launches' bits in single graph replays and eagerly, but in back-to-back replays of a whole decode layer at
+# 16 rows the first projection's K-split sums came out wrong (6-56 % of its outputs; bench/RESULTS.md), a race that is
+# not understood. Plain launches wait for the kernel before them to finish, as before.
+PDL_LAUNCH = False
 
 
 def pick_tile(m: int, n: int, sms: int) -> Tile:
@@ -533,8 +539,8 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
     bn = 16 * tile.warps
     if max(grid[1], 1) * m * n >= 2**31:
         raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
-    # PDL for the one-partition dense tiles, the decode batches' (the grouped kernel reads the routing's offsets first).
-    pdl = experts == 0 and tile.parts == 1 and use_pdl(x.device)
+    # PDL (PDL_LAUNCH) only for the one-partition dense tiles (the grouped kernel reads the routing's offsets first).
+    pdl = PDL_LAUNCH and experts == 0 and tile.parts == 1 and use_pdl(x.device)
     _wgmma_int4_kernel[grid](
         _desc(x, [bm, tile.bk], "bf16"), _desc(values, [bn, tile.bk // 8], "int32"),
         _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids,
