@@ -7,15 +7,17 @@ Qwen3-8B's projections at M = 9-64 rows (the warpgroup-MMA int4 kernel) between 
 activations (rms_norm, add_rms_norm, silu_mul; the attention's output stands in as the q part of qkv), over `--layers`
 layers of distinct random int4 weights, and A/Bs in one process, alternating:
 
-- shipped: PDL for every kernel that takes it (wgmma_int4 launches plain: wgmma_int4.PDL_LAUNCH is off),
-- wg-pdl:  wgmma_int4 launched with PDL too (PDL_LAUNCH on),
-- none:    no PDL at all (kernels.pdl.ENABLED = False).
+- shipped:  PDL for every kernel that takes it, wgmma_int4 included,
+- plain-wg: the same but wgmma_int4 launched plain (wgmma_int4.PDL_LAUNCH off: it waits for the kernel before it to
+            finish before it starts),
+- none:     no PDL at all (kernels.pdl.ENABLED = False).
 
     python bench/decode_chain.py [--m 16 32 64] [--layers 8] [--rounds 5]
 
 Prints us per layer (median over rounds, each the mean of --replays back-to-back graph replays), then where each
-setting's outputs, replayed and eager, first differ from the eager chain without PDL (they should not: at the
-twenty-second session's commit wg-pdl's replays did, at 16 rows; bench/RESULTS.md).
+setting's outputs, replayed and eager, first differ from the eager chain without PDL (they should not). Each graph
+keeps its static input alive: a graph holds no reference to the tensors it reads, and a freed input's memory, taken
+by a later allocation, read as the first projection's wrong sums in an earlier version of this script.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from orbit_lightning import kernels
 from orbit_lightning.quant.formats import get_format
 
 HIDDEN, Q, QKV, INTER = 4096, 4096, 6144, 12288  # Qwen3-8B
-SETTINGS = ("shipped", "wg-pdl", "none")
+SETTINGS = ("shipped", "plain-wg", "none")
 
 
 def layer_weights(layers: int, device: str) -> list[dict]:
@@ -75,7 +77,7 @@ def apply(setting: str) -> None:
     if setting not in SETTINGS:
         raise ValueError(f"unknown setting {setting!r}; choose from {SETTINGS}")
     pdl.ENABLED = setting != "none"
-    wg.PDL_LAUNCH = setting == "wg-pdl"
+    wg.PDL_LAUNCH = setting != "plain-wg"
 
 
 def hidden(m: int) -> torch.Tensor:
@@ -84,7 +86,8 @@ def hidden(m: int) -> torch.Tensor:
 
 def capture(h: torch.Tensor, weights: list[dict], norm: torch.Tensor, stream: torch.cuda.Stream):
     """(graph, its outputs, the same chain run eagerly), warmed up and captured on `stream` as the engine's
-    DecodeGraphs does (the kernels' per-stream buffers, e.g. the split-K tickets, exist before the capture)."""
+    DecodeGraphs does (the kernels' per-stream buffers, e.g. the split-K tickets, exist before the capture). The
+    caller keeps h alive for as long as it replays the graph."""
     eager = chain(h, weights, norm)
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -120,12 +123,12 @@ def main() -> None:
     norm = torch.rand(HIDDEN, generator=torch.Generator("cuda").manual_seed(1), device="cuda").bfloat16() + 0.5
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | Qwen3-8B x {args.layers} layers | us per "
           f"layer (median of {args.rounds} rounds x {args.replays} replays)")
-    print(f"{'M':>4} " + "".join(f"{s:>9}" for s in SETTINGS) + "   wg-pdl/shipped  shipped/none")
+    print(f"{'M':>4} " + "".join(f"{s:>9}" for s in SETTINGS) + "   shipped/plain-wg  shipped/none")
     for m in args.m:
-        graphs = {}
+        h, graphs = hidden(m), {}
         for setting in SETTINGS:
             apply(setting)
-            graphs[setting] = capture(hidden(m), weights, norm, torch.cuda.Stream())
+            graphs[setting] = capture(h, weights, norm, torch.cuda.Stream())
         apply("shipped")
         times = {s: [] for s in SETTINGS}
         for _ in range(args.rounds):
@@ -133,11 +136,11 @@ def main() -> None:
                 times[s].append(replay_us(graphs[s][0], args.replays) / args.layers)
         med = {s: statistics.median(t) for s, t in times.items()}
         print(f"{m:>4} " + "".join(f"{med[s]:9.1f}" for s in SETTINGS)
-              + f"   {med['wg-pdl'] / med['shipped']:14.3f} {med['shipped'] / med['none']:13.3f}", flush=True)
+              + f"   {med['shipped'] / med['plain-wg']:16.3f} {med['shipped'] / med['none']:13.3f}", flush=True)
         # Bits: every setting's graph and eager outputs against the eager chain without PDL (the launches in order).
         ref = graphs["none"][2]
         for s in SETTINGS:
-            print(f"     {s:7} graph vs eager none: {first_difference(graphs[s][1], ref)}; eager vs eager none: "
+            print(f"     {s:8} graph vs eager none: {first_difference(graphs[s][1], ref)}; eager vs eager none: "
                   f"{first_difference(graphs[s][2], ref)}", flush=True)
 
 

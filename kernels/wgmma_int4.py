@@ -511,12 +511,10 @@ ROWS = replace(DECODE, bm=64)
 WIDE_TILES = (TRAIN, WIDE)  # widest first
 WIDE_PROGRAMS_PER_SM = 0.55
 DECODE_ROWS, MAX_ROWS = 64, 512
-# PDL launches of the dense one-partition tiles (_load_partition's PDL prologue): off. They measured 0-3 % faster per
-# Qwen3-8B decode layer at 16-64 rows (bench/decode_chain.py, twenty-second session), and their outputs matched the
-# plain launches' bits in single graph replays and eagerly, but in back-to-back replays of a whole decode layer at
-# 16 rows the first projection's K-split sums came out wrong (6-56 % of its outputs; bench/RESULTS.md), a race that is
-# not understood. Plain launches wait for the kernel before them to finish, as before.
-PDL_LAUNCH = False
+# PDL launches of the dense one-partition tiles (_load_partition's PDL prologue). Per Qwen3-8B decode layer at 16 rows
+# they measured 2-3 % faster than plain launches (bench/decode_chain.py, twenty-second session), at 32 rows ~1 %, and
+# they keep the plain launches' bits (the GPU tests, decode_chain's back-to-back graph replays). The switch is for A/Bs.
+PDL_LAUNCH = True
 
 
 def pick_tile(m: int, n: int, sms: int) -> Tile:

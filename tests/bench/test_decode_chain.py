@@ -1,6 +1,6 @@
 """bench/decode_chain.py: its bit check names the first output that differs, and on the GPU the shipped launches of
-a whole Qwen3-8B decode layer, replayed back to back in a CUDA graph, give the bits of the eager chain without PDL
-(the check under which wgmma_int4's PDL launches failed: wgmma_int4.PDL_LAUNCH)."""
+a whole Qwen3-8B decode layer (PDL everywhere, the warpgroup-MMA projections' early weight loads included), replayed
+back to back in a CUDA graph, give the bits of the eager chain without PDL."""
 
 import importlib.util
 from pathlib import Path
@@ -25,6 +25,7 @@ def test_first_difference_names_the_layer_projection_and_size():
 def test_an_unknown_setting_is_refused():
     with pytest.raises(ValueError, match="unknown setting 'all'"):
         decode_chain.apply("all")
+    assert set(decode_chain.SETTINGS) == {"shipped", "plain-wg", "none"}
 
 
 @pytest.mark.gpu

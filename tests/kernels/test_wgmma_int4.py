@@ -267,14 +267,14 @@ def test_decode_rows_with_lora_meet_the_oracle_and_repeat_bitwise(m, monkeypatch
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
 @pytest.mark.parametrize("fmt", ["int4", "int4-g128"])
 def test_pdl_launches_give_the_bits_of_plain_ones(fmt, monkeypatch):
-    """Launched with PDL (wgmma_int4.PDL_LAUNCH, off as shipped) the kernel issues its first weight loads before it
-    waits for the kernel before it, which writes its x. Chained after itself (K split: the next launch reuses the
-    tickets the last one resets) and after rms_norm (which lets its dependents launch as it starts), eagerly and in
-    one CUDA graph replay, every output is the bits the chain gives with PDL off. (Back-to-back replays of a whole
-    decode layer did not hold them: bench/decode_chain.py; hence off.)"""
+    """Launched with PDL the kernel issues its first weight loads before it waits for the kernel before it, which
+    writes its x. Chained after itself (K split: the next launch reuses the tickets the last one resets) and after
+    rms_norm (which lets its dependents launch as it starts), eagerly and in a CUDA graph, every output is the bits
+    the chain gives with PDL off: an early read of x or of the tickets would change them. (Back-to-back replays of a
+    whole decode layer: tests/bench/test_decode_chain.py.)"""
     from orbit_lightning.kernels import pdl
 
-    monkeypatch.setattr(sys.modules["orbit_lightning.kernels.wgmma_int4"], "PDL_LAUNCH", True)
+    assert sys.modules["orbit_lightning.kernels.wgmma_int4"].PDL_LAUNCH  # (as shipped)
     calls = _spy(monkeypatch)
     n = k = 4096
     m = 16  # (4 K splits on an H200)
