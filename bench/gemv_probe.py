@@ -94,13 +94,7 @@ def early_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stri
     ok = tl.full((32 * NW,), 1, tl.int32)
     k_hi = k_lo + tiles_per_warp * gemv_mma._TILE_K
     x_nxt = gemv_mma._load_xs(x_rows, x_ok, k_lo, ok, U, NT)
-    zero = tl.zeros((32 * NW,), dtype=tl.float32)
-    acc = ()
-    for _m in tl.static_range(MT):
-        if NT == 1:
-            acc = acc + ((zero, zero, zero, zero),)
-        else:
-            acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
+    acc = gemv_mma.zero_accumulators(MT, NT, NW)
     for i in range(0, tiles_per_warp, U):
         k1 = k_lo + (i + U) * gemv_mma._TILE_K
         cur = nxt
@@ -113,92 +107,32 @@ def early_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stri
         else:
             _warp_sync(nxt[0][0])
             x_nxt = gemv_mma._load_xs(x_rows, x_ok, k1, ok, U, NT)
-        new = ()
-        for m in tl.static_range(MT):
-            a = acc[m]
-            for u in tl.static_range(U):
-                if NT == 1:
-                    a = gemv_mma._tile(cur[u * MT + m], (xv[u],), a, NT)
-                else:
-                    a = gemv_mma._tile(cur[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
-            new = new + (a,)
-        acc = new
+        acc = gemv_mma.mma_step(acc, cur, xv, MT, NT, U)
     return acc
 
 
 @triton.jit
-def early_both(
-    nxt,
-    w_rows,
-    s_rows,
-    x_rows,
-    x_ok,
-    k_lo,
-    tiles_per_warp,
-    stride_wn,
-    stride_sn,
-    GROUP: tl.constexpr,
-    MT: tl.constexpr,
-    NT: tl.constexpr,
-    U: tl.constexpr,
-    LOAD: tl.constexpr,
-    NW: tl.constexpr,
-):
+def early_both(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
+        MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):  # fmt: skip
     return early_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP, MT,
                           NT, U, LOAD, NW, True)  # fmt: skip
 
 
 @triton.jit
-def early_words(
-    nxt,
-    w_rows,
-    s_rows,
-    x_rows,
-    x_ok,
-    k_lo,
-    tiles_per_warp,
-    stride_wn,
-    stride_sn,
-    GROUP: tl.constexpr,
-    MT: tl.constexpr,
-    NT: tl.constexpr,
-    U: tl.constexpr,
-    LOAD: tl.constexpr,
-    NW: tl.constexpr,
-):
+def early_words(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
+        MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):  # fmt: skip
     return early_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP, MT,
                           NT, U, LOAD, NW, False)  # fmt: skip
 
 
 @triton.jit
-def xjit_mainloop(
-    nxt,
-    w_rows,
-    s_rows,
-    x_rows,
-    x_ok,
-    k_lo,
-    tiles_per_warp,
-    stride_wn,
-    stride_sn,
-    GROUP: tl.constexpr,
-    MT: tl.constexpr,
-    NT: tl.constexpr,
-    U: tl.constexpr,
-    LOAD: tl.constexpr,
-    NW: tl.constexpr,
-):
+def xjit_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
+        MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):  # fmt: skip
     """gemv_mma.mma_mainloop with each step's activations loaded in that step (not one step ahead): the same
     products in the same order, without a step of activation registers in flight."""
     ok = tl.full((32 * NW,), 1, tl.int32)
     k_hi = k_lo + tiles_per_warp * gemv_mma._TILE_K
-    zero = tl.zeros((32 * NW,), dtype=tl.float32)
-    acc = ()
-    for _m in tl.static_range(MT):
-        if NT == 1:
-            acc = acc + ((zero, zero, zero, zero),)
-        else:
-            acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
+    acc = gemv_mma.zero_accumulators(MT, NT, NW)
     for i in range(0, tiles_per_warp, U):
         k0 = k_lo + i * gemv_mma._TILE_K
         k1 = k0 + U * gemv_mma._TILE_K
@@ -206,16 +140,7 @@ def xjit_mainloop(
         xv = gemv_mma._load_xs(x_rows, x_ok, k0, ok, U, NT)
         nxt = gemv_mma._load_weights(w_rows, s_rows, k1, (k1 < k_hi).to(tl.int32), stride_wn, stride_sn, GROUP, U,
                                      MT, LOAD)  # fmt: skip
-        new = ()
-        for m in tl.static_range(MT):
-            a = acc[m]
-            for u in tl.static_range(U):
-                if NT == 1:
-                    a = gemv_mma._tile(cur[u * MT + m], (xv[u],), a, NT)
-                else:
-                    a = gemv_mma._tile(cur[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
-            new = new + (a,)
-        acc = new
+        acc = gemv_mma.mma_step(acc, cur, xv, MT, NT, U)
     return acc
 
 
@@ -282,10 +207,7 @@ def xshfl_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stri
         row0 = tl.inline_asm_elementwise(_LANE0, "=l,l", [x_rows[0]], dtype=tl.int64, is_pure=True, pack=1)
         t = tl.arange(0, 32 * NW) % 4
         x_nxt = _load_x1(row0, k_lo, ok)
-        zero = tl.zeros((32 * NW,), dtype=tl.float32)
-        acc = ()
-        for _m in tl.static_range(MT):
-            acc = acc + ((zero, zero, zero, zero),)
+        acc = gemv_mma.zero_accumulators(MT, 1, NW)
         for i in range(0, tiles_per_warp, U):
             k1 = k_lo + (i + U) * gemv_mma._TILE_K
             cur = nxt

@@ -226,6 +226,19 @@ def activation_rows(x_ptr, first, end, stride_xm, NT: tl.constexpr):
 
 
 @triton.jit
+def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
+    """MT tuples of 4 NT zero fp32 registers: a warp's accumulators for MT row tiles of NT activation tiles."""
+    zero = tl.zeros((32 * NW,), dtype=tl.float32)
+    acc = ()
+    for _m in tl.static_range(MT):
+        if NT == 1:
+            acc = acc + ((zero, zero, zero, zero),)
+        else:
+            acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
+    return acc
+
+
+@triton.jit
 def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
                  MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles from k_lo: W rows of
@@ -234,13 +247,7 @@ def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride
     ok = tl.full((32 * NW,), 1, tl.int32)
     k_hi = k_lo + tiles_per_warp * _TILE_K
     x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
-    zero = tl.zeros((32 * NW,), dtype=tl.float32)
-    acc = ()
-    for _m in tl.static_range(MT):
-        if NT == 1:
-            acc = acc + ((zero, zero, zero, zero),)
-        else:
-            acc = acc + ((zero, zero, zero, zero, zero, zero, zero, zero),)
+    acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
     # 128 contiguous bytes (two 64-byte halves of a line) in one step.
     for i in range(0, tiles_per_warp, U):
@@ -250,17 +257,24 @@ def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride
         ok = (k1 < k_hi).to(tl.int32)
         nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
         x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
-        new = ()
-        for m in tl.static_range(MT):
-            a = acc[m]
-            for u in tl.static_range(U):
-                if NT == 1:
-                    a = _tile(cur[u * MT + m], (xv[u],), a, NT)
-                else:
-                    a = _tile(cur[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
-            new = new + (a,)
-        acc = new
+        acc = mma_step(acc, cur, xv, MT, NT, U)
     return acc
+
+
+@triton.jit
+def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr):
+    """One step's products: acc[m] += row tile m of each of the U K tiles (w: _load_weights') x the activations xv
+    (_load_xs')."""
+    new = ()
+    for m in tl.static_range(MT):
+        a = acc[m]
+        for u in tl.static_range(U):
+            if NT == 1:
+                a = _tile(w[u * MT + m], (xv[u],), a, NT)
+            else:
+                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
+        new = new + (a,)
+    return new
 
 
 @triton.jit
