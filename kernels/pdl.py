@@ -5,8 +5,9 @@ grid is launched (a batch-1 Qwen3-8B step: 1.15 ms of kernels in 1.34 ms, bench/
 launched with `launch_pdl=True` may be scheduled while the kernel before it in the stream is still finishing.
 It then blocks in `wait_for_producers` (griddepcontrol.wait) until that kernel has completed and its writes are
 visible. Every kernel launched this way calls the wait before touching memory that an earlier kernel may write or
-still read; the exceptions are the decode GEMVs, whose first packed-weight loads come first (frozen weights, which
-no kernel writes). Without PDL the wait is a no-op, so results are the same bits either way.
+still read; the exceptions are the decode GEMVs and the warpgroup-MMA kernel's dense tiles (wgmma_int4, in Gluon:
+gluon_wait), whose first packed-weight loads come first (frozen weights, which no kernel writes). Without PDL the
+wait is a no-op, so results are the same bits either way.
 
 Right after its wait a kernel also *triggers* its dependents (griddepcontrol.launch_dependents): the next kernel
 may then be scheduled as soon as SM room frees, not only once this one exits, so its launch and its weight loads
@@ -24,6 +25,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 from .configs import capability
 from .emulate import INTERPRETED
@@ -65,6 +68,21 @@ def launch_dependents(PDL: tl.constexpr):
     """Let the next kernel in the stream launch now (only when launched with PDL; ORBIT_PDL_TRIGGER=0: never)."""
     if PDL and _TRIGGER:
         gdc_launch_dependents()
+
+
+@gluon.jit
+def gluon_wait():
+    """wait_for_producers' griddepcontrol.wait in a Gluon kernel (Gluon has no op of its own; one call per
+    thread that must wait). No-op without PDL."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def gluon_launch_dependents():
+    """launch_dependents in a Gluon kernel (ORBIT_PDL_TRIGGER=0: never)."""
+    if _TRIGGER:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
 
 def use_pdl(device: torch.device) -> bool:

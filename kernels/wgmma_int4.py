@@ -29,7 +29,6 @@ the GPU tests hold it to the fp64 oracle.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -41,16 +40,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .configs import capability, max_row_tiles, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
-from .pdl import TRIGGER, use_pdl
+from .pdl import gluon_launch_dependents, gluon_wait, use_pdl
 from .timeline import CYCLES, check_stamps, gluon_stamp
+from .wgmma_common import find_tile, store_block, tma_desc, tma_load
 
 MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
@@ -61,11 +59,6 @@ SCALE_CHUNK = gl.constexpr(8)
 # loop end read the tail 1-2 us long. (The loader and the MMA warps share their SM's cycle counter.)
 FIRST_DATA, LOOP_END, EXIT_CYCLES = gl.constexpr(CYCLES + 1), gl.constexpr(CYCLES + 2), gl.constexpr(CYCLES + 3)
 FIRST_ISSUE = gl.constexpr(CYCLES + 4)
-_PDL_TRIGGER = gl.constexpr(TRIGGER)
-
-# Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 # Byte t of the word ($2) and of the word shifted by 4 bits, by the prmt selector $3 = t | (t + 4) << 8, puts the
 # byte's low nibble (value 2t of the word) at bit 0 and its high nibble (value 2t + 1) at bit 16; then dequant.py's
@@ -116,24 +109,9 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 
 
 @gluon.jit
-def _gdc_wait():
-    """griddepcontrol.wait (pdl.py's wait_for_producers; Gluon has no op of its own): block until the kernel before
-    this one in the stream has completed and its writes are visible."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch_dependents():
-    """griddepcontrol.launch_dependents (pdl.py's launch_dependents): let the next kernel in the stream launch."""
-    if _PDL_TRIGGER:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-
-@gluon.jit
 def _load_scales(s_desc, s_smem, s_ready, sslot, w_row, g):
     mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
-    _tma_load(s_desc, [w_row, g], s_ready.index(sslot), s_smem.index(sslot))
+    tma_load(s_desc, [w_row, g], s_ready.index(sslot), s_smem.index(sslot))
 
 
 @gluon.jit
@@ -142,9 +120,9 @@ def _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k, WORD
     slot's expected bytes for both."""
     if WORDS:
         mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-    _tma_load(x_desc, [m_lo, k], ready.index(slot), x_smem.index(slot))
+    tma_load(x_desc, [m_lo, k], ready.index(slot), x_smem.index(slot))
     if WORDS:
-        _tma_load(w_desc, [w_row, k // 8], ready.index(slot), w_smem.index(slot))
+        tma_load(w_desc, [w_row, k // 8], ready.index(slot), w_smem.index(slot))
 
 
 @gluon.jit
@@ -163,9 +141,9 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
         for j in gl.static_range(STAGES):
             if j < n_chunks * CS:
                 mbarrier.expect(ready.index(j), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-                _tma_load(w_desc, [w_row, (k_lo + j * BK) // 8], ready.index(j), w_smem.index(j))
-        _gdc_wait()
-        _gdc_launch_dependents()
+                tma_load(w_desc, [w_row, (k_lo + j * BK) // 8], ready.index(j), w_smem.index(j))
+        gluon_wait()
+        gluon_launch_dependents()
     for c in range(n_chunks):
         sslot = c % SSTAGES
         mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
@@ -261,33 +239,10 @@ def _mma_store_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
     its own warps (a worker partition returns nothing)."""
     acc, acc_hi = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, ROW0,
                                  GROUP, BN, BM, BK, STAGES, CS, SSTAGES, True, num_warps)
-    _store_block(acc, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo, m_end, M, N, 1, stride_om, BN, BM // 2, False,
+    store_block(acc, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo, m_end, M, N, 1, stride_om, BN, BM // 2, False,
                  False, num_warps)
-    _store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo + BM // 2, m_end, M, N, 1, stride_om, BN,
+    store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo + BM // 2, m_end, M, N, 1, stride_om, BN,
                  BM // 2, False, False, num_warps)
-
-
-@gluon.jit
-def _add(a, b):
-    return a + b
-
-
-@gluon.jit
-def _find_tile(offsets_ptr, t, num_experts, BM: gl.constexpr, E_POW2: gl.constexpr, num_warps: gl.constexpr):
-    """grouped.py's _find_tile: (expert, first row, end of the expert's rows) of row tile t, the experts' BM-row
-    tiles numbered in expert order; expert = num_experts for t past the last tile. (An associative scan for the
-    cumulative sum: Triton 3.6's Gluon has no cumsum.)"""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    e = gl.arange(0, E_POW2, layout=layout)
-    ok = e < num_experts
-    lo = gl.load(offsets_ptr + e, mask=ok, other=0)
-    hi = gl.load(offsets_ptr + e + 1, mask=ok, other=0)
-    tiles = (hi - lo + BM - 1) // BM
-    ends = gl.associative_scan(tiles, 0, _add)  # one past each expert's last tile
-    expert = gl.sum((ends <= t).to(gl.int32), 0)
-    mine = e == expert
-    first = gl.sum(gl.where(mine, lo + (t - ends + tiles) * BM, 0), 0)
-    return expert, first, gl.sum(gl.where(mine, hi, 0), 0)
 
 
 # M is never specialized (Triton would compile M % 16 == 0 apart), nor the split count: one binary per tile shape.
@@ -310,7 +265,7 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         # Rows sorted by group; program (n tile, 0, t) takes row tile t of the groups' tiles, whose expert (group g,
         # or ids[g] for a chunk of experts) has weight rows expert * N + n in the stacked words and scales viewed
         # 2-D. Tiles past the last do nothing.
-        group, m_lo, m_end = _find_tile(offsets_ptr, gl.program_id(2), num_experts, BM, E_POW2, num_warps)
+        group, m_lo, m_end = find_tile(offsets_ptr, gl.program_id(2), num_experts, BM, E_POW2, num_warps)
         expert = group
         if HAS_IDS:
             expert = gl.load(ids_ptr + gl.minimum(group, num_experts - 1))
@@ -363,53 +318,17 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
 
     if PARTS == 1:
         if PDL:  # (the MMA warps' own wait: out, the partials and the tickets may be read or written before)
-            _gdc_wait()
+            gluon_wait()
         if HALVES:  # (the host launches no K split with halves)
-            _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
+            store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
                          stride_om, BN, BM // 2, False, False, num_warps)
-            _store_block(results[1], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo + BM // 2, m_end, M, N,
+            store_block(results[1], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo + BM // 2, m_end, M, N,
                          n_splits, stride_om, BN, BM // 2, False, False, num_warps)
         else:
-            _store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
+            store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
                          stride_om, BN, BM, SPLIT, False, num_warps)
     gluon_stamp(stamps_ptr, program, EXIT_CYCLES, STAMPS)
     gluon_stamp(stamps_ptr, program, 1, STAMPS)
-
-
-@gluon.jit
-def _store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, n_lo, split, m_lo, m_end, M, N, n_splits, stride_om,
-                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, ROW_PERM: gl.constexpr,
-                 num_warps: gl.constexpr):
-    """out[m_lo + j, n_lo + i] = acc[i, j] (bf16) for rows below m_end and columns below N; with SPLIT, this split's
-    fp32 partials, and the last split of tile pid_n to arrive sums them all in split order. ROW_PERM: acc's row i
-    holds column n_lo + wgmma_int4_dx.row_column(i) (the dX kernel's row order)."""
-    # The tile leaves through shared memory into a layout with 4 consecutive n per thread: out and the partials
-    # are [M, N] row-major, so n is the contiguous side of the transposed tile.
-    io_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[BN // 4, 128 // BN],
-                                               warps_per_cta=[1, num_warps], order=[0, 1])
-    acc = gl.convert_layout(acc, io_layout)
-    rows = gl.arange(0, BN, layout=gl.SliceLayout(1, io_layout))
-    if ROW_PERM:  # (4 consecutive rows stay 4 consecutive columns: the stores stay 8-byte vectors)
-        rows = 8 * (2 * (rows // 16) + rows % 8 // 4) + 4 * (rows // 8 % 2) + rows % 4
-    ns = n_lo + rows
-    ms = m_lo + gl.arange(0, BM, layout=gl.SliceLayout(0, io_layout))
-    mask = gl.expand_dims(ns < N, 1) & gl.expand_dims(ms < m_end, 0)
-    out_offs = gl.expand_dims(ms * stride_om, 0) + gl.expand_dims(ns, 1)
-    if SPLIT:
-        # Partials in ws [n_splits, M, N] fp32 (int32 offsets: the host checks n_splits * M * N < 2**31).
-        part_offs = gl.expand_dims(ms * N, 0) + gl.expand_dims(ns, 1)
-        gl.store(ws_ptr + split * M * N + part_offs, acc, mask=mask)
-        _cta_barrier()
-        tile_id = gl.program_id(2) * gl.num_programs(0) + pid_n
-        ticket = gl.atomic_add(cnt_ptr + tile_id, 1, sem="acq_rel")
-        if ticket == n_splits - 1:
-            total = gl.zeros([BN, BM], gl.float32, io_layout)
-            for t in range(n_splits):  # fixed order: the sum does not depend on arrival order
-                total += gl.load(ws_ptr + t * M * N + part_offs, mask=mask, other=0.0, cache_modifier=".cg")
-            gl.store(out_ptr + out_offs, total.to(gl.bfloat16), mask=mask)
-            gl.atomic_xchg(cnt_ptr + tile_id, 0)
-    else:
-        gl.store(out_ptr + out_offs, acc.to(gl.bfloat16), mask=mask)
 
 
 # The measured config (bench/RESULTS.md, twelfth and thirteenth sessions; H200, 12 dense shapes at M = 16-64): 64
@@ -450,16 +369,6 @@ def supports(x: Tensor, w: PackedWeight) -> bool:
             and w.scale.dtype == torch.bfloat16 and w.scale.stride(1) == 1 and w.scale.stride(0) % 8 == 0
             and w.scale.data_ptr() % 16 == 0
             and capability(x.device) == (9, 0))
-
-
-@functools.cache
-def _smem_layout(rows: int, cols: int, dtype: str) -> gl.NVMMASharedLayout:
-    """The TMA tiles' shared-memory layout (the same per tile shape; built once, not on every decode launch)."""
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], {"bf16": gl.bfloat16, "int32": gl.int32}[dtype])
-
-
-def _desc(t: Tensor, block: list[int], dtype: str) -> TensorDescriptor:
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _smem_layout(*block, dtype))
 
 
 @dataclass(frozen=True)
@@ -540,8 +449,8 @@ def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, c
     # PDL (PDL_LAUNCH) only for the one-partition dense tiles (the grouped kernel reads the routing's offsets first).
     pdl = PDL_LAUNCH and experts == 0 and tile.parts == 1 and use_pdl(x.device)
     _wgmma_int4_kernel[grid](
-        _desc(x, [bm, tile.bk], "bf16"), _desc(values, [bn, tile.bk // 8], "int32"),
-        _desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids,
+        tma_desc(x, [bm, tile.bk], "bf16"), tma_desc(values, [bn, tile.bk // 8], "int32"),
+        tma_desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids,
         out if stamps is None else stamps, m, n, k,
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,

@@ -26,7 +26,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from .configs import capability, max_row_tiles
 from .dequant import _INT4_BF16_ASM
 from .formats import INT4, PackedWeight
-from .wgmma_int4 import PART_REGS, SCALE_CHUNK, TRAIN, Tile, _desc, _find_tile, _store_block, _tma_load
+from .wgmma_common import find_tile, store_block, tma_desc, tma_load
+from .wgmma_int4 import PART_REGS, SCALE_CHUNK, TRAIN, Tile
 
 BLOCK_R = gl.constexpr(64)  # N (the reduction) per step
 
@@ -46,7 +47,7 @@ _DX_ASM = gl.constexpr(
 
 
 def row_column(row: int) -> int:
-    """The tile column (of K) that accumulator row `row` holds (wgmma_int4._store_block's ROW_PERM)."""
+    """The tile column (of K) that accumulator row `row` holds (wgmma_common.store_block's ROW_PERM)."""
     return 8 * (2 * (row // 16) + row % 8 // 4) + 4 * (row // 8 % 2) + row % 4
 
 
@@ -108,12 +109,12 @@ def _dx_load_partition(dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, 
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(slot), dy_desc.block_type.nbytes + PARTS * w_desc.block_type.nbytes
                         + s_desc.block_type.nbytes)
-        _tma_load(dy_desc, [m_lo, i * BLOCK_R], ready.index(slot), dy_smem.index(slot))
+        tma_load(dy_desc, [m_lo, i * BLOCK_R], ready.index(slot), dy_smem.index(slot))
         for p in gl.static_range(PARTS):
-            _tma_load(w_desc, [w_row + i * BLOCK_R, k0 // 8 + p * PC], ready.index(slot),
+            tma_load(w_desc, [w_row + i * BLOCK_R, k0 // 8 + p * PC], ready.index(slot),
                       w_smem.index(slot * PARTS + p))
         # (TMA boxes start on 16 bytes: the scales' box starts at the tile's groups rounded down to 8)
-        _tma_load(s_desc, [w_row + i * BLOCK_R, k0 // GROUP // SCALE_CHUNK * SCALE_CHUNK], ready.index(slot),
+        tma_load(s_desc, [w_row + i * BLOCK_R, k0 // GROUP // SCALE_CHUNK * SCALE_CHUNK], ready.index(slot),
                   s_smem.index(slot))
 
 
@@ -181,9 +182,9 @@ def _dx_mma_store_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, s_up
     """One of the independent warpgroups (Tile.parts): its BN columns of K, stored by its own warps."""
     acc, acc_hi = _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, s_upper, PART,
                                     PARTS, BN, BM, STAGES, num_warps)
-    _store_block(acc, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
+    store_block(acc, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
                  False, True, num_warps)
-    _store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
+    store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
                  BN, BM // 2, False, True, num_warps)
 
 
@@ -196,7 +197,7 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
     k0 = pid_k * BN
     n_steps = gl.cdiv(N, BLOCK_R)
     if GROUPED:  # (as the forward's: row tile t of the groups' tiles; its expert's rows of the stacked words)
-        group, m_lo, m_end = _find_tile(offsets_ptr, gl.program_id(2), num_experts, BM, E_POW2, num_warps)
+        group, m_lo, m_end = find_tile(offsets_ptr, gl.program_id(2), num_experts, BM, E_POW2, num_warps)
         expert = group
         if HAS_IDS:
             expert = gl.load(ids_ptr + gl.minimum(group, num_experts - 1))
@@ -237,9 +238,9 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))
     if PARTS == 1:
-        _store_block(results[0], out_ptr, out_ptr, out_ptr, pid_k, k0, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
+        store_block(results[0], out_ptr, out_ptr, out_ptr, pid_k, k0, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
                      False, True, num_warps)
-        _store_block(results[1], out_ptr, out_ptr, out_ptr, pid_k, k0, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
+        store_block(results[1], out_ptr, out_ptr, out_ptr, pid_k, k0, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
                      BN, BM // 2, False, True, num_warps)
 
 
@@ -266,8 +267,9 @@ def wgmma_int4_dx(dy: Tensor, w: PackedWeight, out: Tensor, offsets: Tensor | No
     row_tiles = triton.cdiv(t, tile.bm) if offsets is None else max_row_tiles(t, tile.bm, groups)
     values, scale = w.values.view(experts * w.n, -1), w.scale.view(experts * w.n, -1)
     _wgmma_int4_dx_kernel[(triton.cdiv(w.k, bn), 1, row_tiles)](
-        _desc(dy, [tile.bm, BLOCK_R.value], "bf16"), _desc(values, [BLOCK_R.value, bn // 8 // tile.parts], "int32"),
-        _desc(scale, [BLOCK_R.value, SCALE_CHUNK.value], "bf16"), out, out if offsets is None else offsets,
+        tma_desc(dy, [tile.bm, BLOCK_R.value], "bf16"),
+        tma_desc(values, [BLOCK_R.value, bn // 8 // tile.parts], "int32"),
+        tma_desc(scale, [BLOCK_R.value, SCALE_CHUNK.value], "bf16"), out, out if offsets is None else offsets,
         out if ids is None else ids, t, w.n, w.k, groups, out.stride(0), GROUP=w.group, BN=bn, BM=tile.bm,
         STAGES=tile.stages, GROUPED=offsets is not None, HAS_IDS=ids is not None,
         E_POW2=triton.next_power_of_2(max(groups, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
