@@ -284,8 +284,9 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--child", variant], env=env, check=True)
     import torch
 
-    ship = torch.load(_outputs_path("ship")) if os.path.exists(_outputs_path("ship")) else None
-    for variant in sys.argv[1:] if ship is not None else ():
+    ran = sys.argv[1:] or VARIANTS
+    ship = torch.load(_outputs_path("ship")) if "ship" in ran else None  # (this run's, never a stale file)
+    for variant in ran if ship is not None else ():
         if variant in RIGHT_VALUES or variant.startswith("r"):
             same = all(torch.equal(a, b) for a, b in zip(ship, torch.load(_outputs_path(variant)), strict=True))
             print(f"{variant:9} outputs bitwise equal to ship's: {same}", flush=True)

@@ -253,6 +253,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
                        WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+    # PDL's waits sit in the loader and before the one-partition stores; the grouped kernel reads the offsets first.
+    gl.static_assert(not PDL or (PARTS == 1 and not GROUPED), "PDL launches take dense one-partition tiles only")
     pid_n = gl.program_id(0)
     program = pid_n + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
     gluon_stamp(stamps_ptr, program, 0, STAMPS)

@@ -20,6 +20,9 @@ def test_first_difference_names_the_layer_projection_and_size():
     other[6][1, 2] += 0.5  # layer 1's gate_up
     other[7][0, 0] += 1.0  # (a later difference is not the first)
     assert decode_chain.first_difference(outs, other) == "L1.gate_up: 1 of 6 differ, max 0.5"
+    nan = [o.clone() for o in outs]
+    nan[1][0, 1] = float("nan")  # (a NaN output differs, even from a NaN)
+    assert decode_chain.first_difference(nan, [o.clone() for o in nan]) == "L0.o: 1 of 6 differ, max nan"
 
 
 def test_an_unknown_setting_is_refused():
