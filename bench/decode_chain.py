@@ -85,13 +85,12 @@ def hidden(m: int) -> torch.Tensor:
 
 
 def capture(h: torch.Tensor, weights: list[dict], norm: torch.Tensor, stream: torch.cuda.Stream):
-    """(graph, its outputs, the same chain run eagerly), warmed up and captured on `stream` as the engine's
-    DecodeGraphs does (the kernels' per-stream buffers, e.g. the split-K tickets, exist before the capture). The
-    caller keeps h alive for as long as it replays the graph."""
-    eager = chain(h, weights, norm)
+    """(graph, its outputs, the same chain run eagerly), captured on `stream` after the eager run there, which warms
+    it up as the engine's DecodeGraphs does (the kernels' per-stream buffers, e.g. the split-K tickets, exist before
+    the capture). The caller keeps h alive for as long as it replays the graph."""
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        chain(h, weights, norm)
+        eager = chain(h, weights, norm)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):

@@ -51,8 +51,8 @@ def find_tile(offsets_ptr, t, num_experts, BM: gl.constexpr, E_POW2: gl.constexp
 
 @gluon.jit
 def store_block(acc, out_ptr, ws_ptr, cnt_ptr, pid_n, n_lo, split, m_lo, m_end, M, N, n_splits, stride_om,
-                 BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, ROW_PERM: gl.constexpr,
-                 num_warps: gl.constexpr):
+                BN: gl.constexpr, BM: gl.constexpr, SPLIT: gl.constexpr, ROW_PERM: gl.constexpr,
+                num_warps: gl.constexpr):
     """out[m_lo + j, n_lo + i] = acc[i, j] (bf16) for rows below m_end and columns below N; with SPLIT, this split's
     fp32 partials, and the last split of tile pid_n to arrive sums them all in split order. ROW_PERM: acc's row i
     holds column n_lo + wgmma_int4_dx.row_column(i) (the dX kernel's row order)."""

@@ -135,6 +135,8 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
     before the wait for the kernel before this one (it may write x; no kernel writes the frozen packed weights), so
     the ring's fill, the first TMA's 1-2 us latency, overlaps that kernel's tail."""
     gluon_stamp(stamps_ptr, program, FIRST_ISSUE, STAMPS)
+    # (The PDL branches below stay constexpr: a runtime `c >= 0` or `i >= 0` in their place puts a warp sync in the
+    # plain build's loop, as compiled for sm_90.)
     if PDL:
         if n_chunks > 0:
             _load_scales(s_desc, s_smem, s_ready, 0, w_row, k_lo // GROUP)
@@ -240,9 +242,9 @@ def _mma_store_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty,
     acc, acc_hi = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, ROW0,
                                  GROUP, BN, BM, BK, STAGES, CS, SSTAGES, True, num_warps)
     store_block(acc, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo, m_end, M, N, 1, stride_om, BN, BM // 2, False,
-                 False, num_warps)
+                False, num_warps)
     store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo + BM // 2, m_end, M, N, 1, stride_om, BN,
-                 BM // 2, False, False, num_warps)
+                BM // 2, False, False, num_warps)
 
 
 # M is never specialized (Triton would compile M % 16 == 0 apart), nor the split count: one binary per tile shape.
@@ -323,12 +325,12 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
             gluon_wait()
         if HALVES:  # (the host launches no K split with halves)
             store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
-                         stride_om, BN, BM // 2, False, False, num_warps)
+                        stride_om, BN, BM // 2, False, False, num_warps)
             store_block(results[1], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo + BM // 2, m_end, M, N,
-                         n_splits, stride_om, BN, BM // 2, False, False, num_warps)
+                        n_splits, stride_om, BN, BM // 2, False, False, num_warps)
         else:
             store_block(results[0], out_ptr, ws_ptr, cnt_ptr, pid_n, pid_n * BN, split, m_lo, m_end, M, N, n_splits,
-                         stride_om, BN, BM, SPLIT, False, num_warps)
+                        stride_om, BN, BM, SPLIT, False, num_warps)
     gluon_stamp(stamps_ptr, program, EXIT_CYCLES, STAMPS)
     gluon_stamp(stamps_ptr, program, 1, STAMPS)
 

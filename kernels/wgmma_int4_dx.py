@@ -183,9 +183,9 @@ def _dx_mma_store_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, s_up
     acc, acc_hi = _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, s_upper, PART,
                                     PARTS, BN, BM, STAGES, num_warps)
     store_block(acc, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
-                 False, True, num_warps)
+                False, True, num_warps)
     store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
-                 BN, BM // 2, False, True, num_warps)
+                BN, BM // 2, False, True, num_warps)
 
 
 @gluon.jit(do_not_specialize=["M", "num_experts"])
@@ -239,9 +239,9 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
         mbarrier.invalidate(empty.index(s))
     if PARTS == 1:
         store_block(results[0], out_ptr, out_ptr, out_ptr, pid_k, k0, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
-                     False, True, num_warps)
+                    False, True, num_warps)
         store_block(results[1], out_ptr, out_ptr, out_ptr, pid_k, k0, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
-                     BN, BM // 2, False, True, num_warps)
+                    BN, BM // 2, False, True, num_warps)
 
 
 def supports_dx(dy: Tensor, w: PackedWeight) -> bool:
