@@ -1,6 +1,7 @@
 """Sweep of the small-M (decode) kernel and of the one-pass int4 dequantize, on the GPU machine.
 
-    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma,m16x]
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma,m16x,
+                                                         m16mt,epilogue]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph
 cold-L2 times (graph_us), each output checked against an fp32 reference; per-variant geomean speedups
@@ -9,7 +10,9 @@ winners wired into configs._GEMV for this process and bench/kernels.py's dense t
 dequant: old vs new kernels.dequantize timed with do_bench and graph_us (the difference is host cost
 that do_bench cannot hide), host cost per call on a tiny weight and its parts, int4 tile variants, and
 a device copy / fill for the bandwidth ceiling. train: dequantize + cuBLAS vs bf16, fwd + dX, M = 4096.
-mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs. m16x: the M = 16 kernels with 16
+mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs. m16mt: the mma kernel at 9 and 16
+rows with 1 or 2 row tiles per warp, against the dispatch. epilogue: the mma GEMV's direct store against its
+tile epilogue. m16x: the M = 16 kernels with 16
 activation rows and with one row 16 times (stride 0), and M = 1.
 """
 
@@ -138,7 +141,8 @@ def mma_variants() -> dict[str, GemvConfig]:
     out = {f"mma16w{nw}/p{pps}/t{t}/l2{pf}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
                                                        mma_tiles=t, l2_prefetch=pf)
            for nw, pps, t, pf in ((8, 24, 2, 128), (8, 16, 2, 128), (8, 24, 2, 0), (16, 16, 2, 128),
-                                  (8, 24, 1, 128), (8, 24, 4, 128), (8, 32, 2, 128))}  # fmt: skip
+                                  (8, 24, 1, 128), (8, 24, 4, 128), (8, 32, 2, 128), (8, 8, 2, 128),
+                                  (8, 12, 2, 128), (4, 24, 2, 128), (2, 24, 2, 128), (4, 24, 4, 128))}  # fmt: skip
     out["mma32w8/p16/t2"] = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
     return out
 
@@ -153,6 +157,47 @@ def section_mma(deadline: float) -> None:
     split = {m: {"split/shipped": next(c for b, c in configs.GEMV_TILES if m <= b)} for m in (4, 8, 16)}
     variants = {1: {**mma_variants(), **shipped}, **{m: {**rows, **split[m]} for m in (4, 8, 16)}}
     section_gemv(deadline, variants, models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
+
+
+def section_m16mt(deadline: float) -> None:
+    """9 and 16 rows on the mma GEMV with 1 or 2 row tiles per warp (block_n 16 / 32: 4 or 2 activation bytes loaded
+    per weight byte), warps per program and per SM, against the dispatched kernel (wgmma_int4) in the same run. (Four
+    row tiles, block_n 64, lost on every shape: bench/RESULTS.md, twenty-third session.)"""
+    variants = {f"mma{bn}w{nw}/p{pps}": GemvConfig(16, bn, 128, mma=True, num_warps=nw, programs_per_sm=pps,
+                                                   l2_prefetch=128)
+                for bn in (16, 32) for nw in (4, 8, 16) for pps in (8, 16, 24)}  # fmt: skip
+    section_gemv(deadline, {9: variants, 16: variants}, dispatched=True)
+
+
+def section_epilogue(deadline: float) -> None:
+    """The mma GEMV's epilogue A/B (configs.MMA_DIRECT_STORE): outputs stored straight from the cross-warp sum, or
+    assembled into a tile first, at M = 1, 4 and 8 on the 12 dense shapes; graph_us medians over alternating rounds
+    (one machine, one process), outputs compared bit for bit."""
+    say("\n== mma GEMV epilogue: direct store / tile (configs.MMA_DIRECT_STORE), graph_us, us ==")
+    fmt = get_format("int4")
+    ratios: dict[int, list[float]] = {}
+    for model, layers in bk.DENSE.items():
+        for layer, n, k in layers:
+            if time.time() > deadline:
+                return
+            packed, w, wdq, wbf = layer_case(fmt, n, k)
+            for m in (1, 4, 8):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                t: dict[bool, list[float]] = {True: [], False: []}
+                outs = {}
+                for _ in range(3):
+                    for direct in (True, False):
+                        configs.MMA_DIRECT_STORE = direct
+                        outs[direct] = kernels.int4_linear(x, packed)
+                        t[direct].append(graph_us(kernels.int4_linear, x, packed))
+                configs.MMA_DIRECT_STORE = True
+                d, tile = sorted(t[True])[1], sorted(t[False])[1]
+                ratios.setdefault(m, []).append(tile / d)
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m} | bf16 {graph_us(F.linear, x, wbf):6.1f} | direct {d:6.2f} "
+                    f"tile {tile:6.2f} ({tile / d:.3f}) | equal {torch.equal(outs[True], outs[False])}")
+            del wdq, wbf
+            torch.cuda.empty_cache()
+    say("geomean tile / direct: " + ", ".join(f"M={m} {gm(v):.3f}" for m, v in ratios.items()))
 
 
 def section_m16x(deadline: float) -> None:
@@ -179,7 +224,9 @@ def section_m16x(deadline: float) -> None:
 
 
 def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]] | None = None,
-                 models: tuple[str, ...] = tuple(bk.DENSE)) -> None:
+                 models: tuple[str, ...] = tuple(bk.DENSE), dispatched: bool = False) -> None:
+    """dispatched: also time what kernels.int4_linear runs for each M (its own row, "dispatched"), so that the
+    variants meet the shipped dispatch in the same run."""
     say("\n== gemv sweep: int4-g32 forward, graph_us (cold L2, no host cost), x = bf16 F.linear us / variant us ==")
     fmt = get_format("int4")
     shapes = [(f"{model}.{layer}", n, k) for model in models for layer, n, k in bk.DENSE[model]]
@@ -208,6 +255,8 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
             base[(name, m)] = (graph_us(F.linear, x, wbf),
                                graph_us(kernels.int4_linear, x, packed, config=old_cfg),
                                packed_bytes(packed) + 2 * m * (n + k))  # fmt: skip
+            if dispatched:
+                rows.append((name, m, "dispatched", graph_us(kernels.int4_linear, x, packed)))
             for vname, cfg in variants_by_m[m].items():
                 if vname in bad:
                     continue
@@ -534,7 +583,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
                 "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x,
-                "regs": section_regs}
+                "m16mt": section_m16mt, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

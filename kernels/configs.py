@@ -288,6 +288,10 @@ def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
             and cfg.block_k >= 8 * w.group and w.values.is_contiguous() and w.scale.is_contiguous())  # fmt: skip
 
 
+# The mma GEMV's outputs without LoRA stored straight from the cross-warp sum (gemv_mma._store_reduced) instead of
+# assembled into a tile first (the LoRA epilogue's path); set False to compare (bench/gemv_sweep.py --sections
+# epilogue). The sums are the same either way.
+MMA_DIRECT_STORE = True
 # Decode int4 with the packed-bf16 PTX path when activations are bf16 (see dequant.py); set False to
 # force the generic fp32 decoder, e.g. to compare the two bit for bit.
 FAST_INT4 = True

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import emulate
+from . import configs, emulate
 from .configs import TILE_K, GemvConfig, sm_count
 from .emulate import INTERPRETED
 from .formats import PackedWeight
@@ -278,20 +278,31 @@ def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr):
 
 
 @triton.jit
-def _gather(c0, c1, c2, c3, NW: tl.constexpr):
-    """One row tile x one n8 tile of the result, [16 rows, 8 activation rows], from each warp's accumulators: lane
-    (g, t) holds rows g (c0, c1) and g + 8 (c2, c3) at activation rows 2t (c0, c2) and 2t + 1 (c1, c3). The warps'
-    K ranges are summed in a fixed order."""
-    lo = tl.join(_warp_sum(c0, NW), _warp_sum(c1, NW))  # [8 g, 4 t, 2]
-    hi = tl.join(_warp_sum(c2, NW), _warp_sum(c3, NW))
-    y = tl.join(tl.reshape(lo, (8, 8)), tl.reshape(hi, (8, 8)))  # [8 g, 8 m, 2 half]
-    return tl.reshape(tl.permute(y, (2, 0, 1)), (16, 8))
+def _warp_reduce(c0, c1, c2, c3, NW: tl.constexpr):
+    """One row tile x one n8 tile of the result summed over the program's warps (their K ranges) in a fixed order, as
+    128 values: lane (g, t) holds rows g (c0, c1) and g + 8 (c2, c3) at activation rows 2t (c0, c2) and 2t + 1 (c1,
+    c3), and value 4 (4g + t) + 2e + h is row g + 8h at activation row 2t + e. The four registers go through one
+    reduction: Triton lowers each cross-warp sum to shared-memory round trips between CTA barriers, so a reduction
+    per register paid them four times (19 CTA barriers in the M = 1 epilogue before, 9 now, sm_90 PTX)."""
+    c = tl.join(tl.join(c0, c1), tl.join(c2, c3))  # [NW * 32, 2 e, 2 h]
+    return tl.sum(tl.reshape(c, (NW, 128)), axis=0)
 
 
 @triton.jit
-def _warp_sum(c, NW: tl.constexpr):
-    """[NW * 32] per-lane values -> their sum over the NW warps as [8 g, 4 t]."""
-    return tl.reshape(tl.sum(tl.reshape(c, (NW, 32)), axis=0), (8, 4))
+def _gather(c0, c1, c2, c3, NW: tl.constexpr):
+    """_warp_reduce's values as the [16 rows, 8 activation rows] tile."""
+    y = tl.reshape(_warp_reduce(c0, c1, c2, c3, NW), (8, 4, 2, 2))  # [8 g, 4 t, 2 e, 2 h]
+    return tl.reshape(tl.permute(y, (3, 0, 1, 2)), (16, 8))
+
+
+@triton.jit
+def _store_reduced(y, out_ptr, row0, col0, M, stride_om):
+    """Store _warp_reduce's values y, out^T rows row0 + 0..15 at activation rows col0 + 0..7, where the activation
+    row is below M: no tile is assembled (the LoRA epilogue, which works on tiles, takes _gather)."""
+    i = tl.arange(0, 128)
+    row = row0 + i // 16 + 8 * (i % 2)
+    col = col0 + 2 * ((i // 4) % 4) + (i // 2) % 2
+    tl.store(out_ptr + col.to(tl.int64) * stride_om + row, y.to(out_ptr.dtype.element_ty), mask=col < M)
 
 
 @triton.jit
@@ -309,7 +320,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      stride_sn, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt,
                      lcnt, stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr,
                      LOAD: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
-                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr):  # fmt: skip
+                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -335,22 +346,29 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                            MT, NT, U, LOAD, NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
-        tiles = ()
-        for m in tl.static_range(MT):
-            c = acc[m]
-            y = _gather(c[0], c[1], c[2], c[3], NW)  # [16, 8]: activation rows 0-7
-            if NT == 1:
-                y = _stack(y, tl.zeros((16, 8), dtype=tl.float32), 1)
+        if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
+            tiles = ()
+            for m in tl.static_range(MT):
+                c = acc[m]
+                y = _gather(c[0], c[1], c[2], c[3], NW)  # [16, 8]: activation rows 0-7
+                if NT == 1:
+                    y = _stack(y, tl.zeros((16, 8), dtype=tl.float32), 1)
+                else:
+                    y = _stack(y, _gather(c[4], c[5], c[6], c[7], NW), 1)
+                tiles = tiles + (y,)
+            if MT == 1:
+                tile = tiles[0]
             else:
-                y = _stack(y, _gather(c[4], c[5], c[6], c[7], NW), 1)
-            tiles = tiles + (y,)
-        if MT == 1:
-            tile = tiles[0]
+                tile = _stack(tiles[0], tiles[1], 0)
+            offs_m = tl.arange(0, 16)
+            store_out(tile, out_ptr, out_ptr, lcnt, pid_n, 0, 0, offs_m, offs_m < M, M, N, 1, tl.cdiv(N, BN),
+                      stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived, BN, 16, False, BR, LORA)
         else:
-            tile = _stack(tiles[0], tiles[1], 0)
-        offs_m = tl.arange(0, 16)
-        store_out(tile, out_ptr, out_ptr, lcnt, pid_n, 0, 0, offs_m, offs_m < M, M, N, 1, tl.cdiv(N, BN), stride_om,
-                  lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived, BN, 16, False, BR, LORA)  # fmt: skip
+            for m in tl.static_range(MT):
+                c = acc[m]
+                for j in tl.static_range(NT):
+                    _store_reduced(_warp_reduce(c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3], NW), out_ptr,
+                                   pid_n * BN + 16 * m, 8 * j, M, stride_om)
     lora_leave(lt, arrived, LORA)
     stamp(stamp_ptr, tl.program_id(0), 6, STAMPS)  # (exit in cycles: tails on one clock, bench/gemv_timeline.py)
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
@@ -384,6 +402,6 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), k // TILE_K // nw, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
         U=cfg.mma_tiles if m <= 8 else 1, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
-        launch_pdl=pdl, num_warps=nw, **launch.constexprs, **cfg.launch_options,
+        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out
