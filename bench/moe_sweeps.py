@@ -1,6 +1,6 @@
 """MoE measurements behind choices in the code, on the Qwen3-30B-A3B layer (H200 numbers in bench/RESULTS.md).
 
-    python bench/moe_sweeps.py [--sections tiles mma carveout sort epilogue]
+    python bench/moe_sweeps.py [--sections tiles mma carveout sort]
 
 - tiles: the fused grouped kernel's tile configs at decode sizes (1-64 tokens, top-8 of 128 experts), gate and
   down, each against the shipped config (`kernels.configs`, "grouped_fwd"), timed by graph_us (cold L2, no host).
@@ -9,8 +9,6 @@
   configs and what the dispatch picks: where it stops paying sets `configs.GROUPED_MMA_ROWS`.
 - carveout: whether dequantizing the next projection on a side stream hides under torch's grouped GEMM when the GEMM
   leaves C SMs free (`torch._C._set_sm_carveout_experimental`): the GEMM alone, and GEMM || dequantize, per C.
-- epilogue: grouped_mma's outputs without LoRA stored from the cross-warp sums against tiles first
-  (configs.MMA_DIRECT_STORE), plain and SwiGLU, 1-256 tokens.
 - sort: kernels.sort_by_expert against torch's argsort + inverse + offsets at 8-4096 pairs, past the kernel's
   MAX_ROWS, which this measurement sets (models.moe hands larger batches to torch).
 """
@@ -117,32 +115,6 @@ def section_mma() -> None:
                       flush=True)  # fmt: skip
 
 
-def section_epilogue() -> None:
-    """grouped_mma's epilogue A/B without LoRA (configs.MMA_DIRECT_STORE): outputs stored straight from the
-    cross-warp sums or assembled into tiles first, for the plain projections and the fused SwiGLU, at 1-256 tokens;
-    graph_us medians over alternating rounds, outputs compared bit for bit."""
-    print("== MoE decode epilogue: direct store / tile (configs.MMA_DIRECT_STORE), us (graph_us, cold L2) ==")
-    for name, (k, n) in PROJECTIONS.items():
-        packed = _experts(k, n)
-        for tokens in (1, 16, 64, 256):
-            x, offsets = _routed(tokens, k)
-            calls = {"linear": partial(kernels.grouped_dequant_linear, x, offsets, "int4", packed)}
-            if name == "gate":
-                calls["swiglu"] = partial(kernels.grouped_dequant_swiglu, x, offsets, "int4", packed, packed)
-            for label, call in calls.items():
-                t: dict[bool, list[float]] = {True: [], False: []}
-                outs = {}
-                for _ in range(3):
-                    for direct in (True, False):
-                        configs.MMA_DIRECT_STORE = direct
-                        outs[direct] = call()
-                        t[direct].append(bk.graph_us(call))
-                configs.MMA_DIRECT_STORE = True
-                d, tile = sorted(t[True])[1], sorted(t[False])[1]
-                print(f"{name} {label:6} tokens {tokens:3d}: direct {d:.2f} tile {tile:.2f} ({tile / d:.3f}) | equal "
-                      f"{torch.equal(outs[True], outs[False])}", flush=True)  # fmt: skip
-
-
 def _swiglu_unfused(x, offsets, packed):
     """What models.moe runs without the fused kernel (the gate's weights stand in for up's)."""
     gate = kernels.grouped_dequant_linear(x, offsets, "int4", packed)
@@ -228,14 +200,13 @@ def section_sort() -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sections", nargs="+", default=["tiles", "mma", "carveout", "sort"],
-                   choices=["tiles", "mma", "carveout", "sort", "epilogue"])
+                   choices=["tiles", "mma", "carveout", "sort"])
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/moe_sweeps.py needs a CUDA GPU")
     print(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__}")
     for section in args.sections:
-        {"tiles": section_tiles, "mma": section_mma, "carveout": section_carveout, "sort": section_sort,
-         "epilogue": section_epilogue}[section]()
+        {"tiles": section_tiles, "mma": section_mma, "carveout": section_carveout, "sort": section_sort}[section]()
 
 
 if __name__ == "__main__":

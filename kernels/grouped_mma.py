@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import configs
 from .activation import silu_times
 from .configs import MMA_ROW_TILE, TILE_K, GemvConfig, max_row_tiles, sm_count
 from .emulate import INTERPRETED
@@ -28,8 +27,6 @@ from .gemv_mma import (
     _TILE_K,
     _gather,
     _load_weights,
-    _store_reduced,
-    _warp_reduce,
     activation_rows,
     mma_mainloop,
     row_addresses,
@@ -49,7 +46,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
                         u_ptr, b_ptr, b2_ptr, stride_ut, stride_be, stride_bn, scale,
                         GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
                         NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr,
-                        LORA: tl.constexpr, R: tl.constexpr, R_POW2: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+                        LORA: tl.constexpr, R: tl.constexpr, R_POW2: tl.constexpr):  # fmt: skip
     """out = x W^T per expert; SWIGLU: out = silu(x W^T) * (x W2^T) (W2 laid out as W: the up projection), each
     program then taking 16 rows of both. LORA: plus scale B_e (A_e x) per projection, from u = A_e x (grouped_lora.py:
     [T, projections, R]) and B [E, N, R] (b2_ptr: up's)."""
@@ -79,18 +76,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         offs_m = first + tl.arange(0, _ROW_TILE)
         dt: tl.constexpr = out_ptr.dtype.element_ty
         lora = (u_ptr, stride_ut, stride_be, stride_bn, scale, e64, offs_m, end)
-        if not LORA and DIRECT:  # stored from the cross-warp sums (configs.MMA_DIRECT_STORE): the same bits
-            if SWIGLU:
-                gate, up = acc[0], acc[1]
-                g_y = _warp_reduce(gate[0], gate[1], gate[2], gate[3], NW).to(dt)
-                u_y = _warp_reduce(up[0], up[1], up[2], up[3], NW).to(dt)
-                _store_reduced(silu_times(g_y, u_y, dt, _LIBDEVICE), out_ptr, pid_n * BN, first, end, stride_om)
-            else:
-                for m in tl.static_range(MT):
-                    c = acc[m]
-                    _store_reduced(_warp_reduce(c[0], c[1], c[2], c[3], NW), out_ptr, pid_n * BN + 16 * m, first, end,
-                                   stride_om)  # fmt: skip
-        elif SWIGLU:
+        if SWIGLU:
             gate, up = acc[0], acc[1]
             offs_n = pid_n * BN + tl.arange(0, 16)
             g_y = _projection_out(_gather(gate[0], gate[1], gate[2], gate[3], NW), b_ptr, 0, offs_n, lora, dt, LORA, R,
@@ -170,8 +156,7 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
         u, bs[0], bs[-1], u.stride(0), bs[0].stride(0), bs[0].stride(-2), scale,
         GROUP=w.group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw,
         E_POW2=triton.next_power_of_2(w.experts), PDL=pdl, SWIGLU=swiglu, LORA=lora is not None, R=r,
-        R_POW2=triton.next_power_of_2(r), DIRECT=configs.MMA_DIRECT_STORE, launch_pdl=pdl, num_warps=nw,
-        enable_fp_fusion=False,
+        R_POW2=triton.next_power_of_2(r), launch_pdl=pdl, num_warps=nw, enable_fp_fusion=False,
         enable_reflect_ftz=False,
     )  # fmt: skip
     return out

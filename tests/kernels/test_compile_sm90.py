@@ -118,7 +118,7 @@ pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "w2_ptr": "*i32
 for mt, u, swiglu, lora in ((1, 2, False, 0), (2, 2, False, 0), (1, 1, False, 0), (2, 2, True, 0), (2, 2, True, 16),
                             (2, 2, False, 16), (2, 2, True, 8), (2, 2, True, 64)):  # _GROUPED_MMA's, with LoRA rank
     const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True, SWIGLU=swiglu,
-                 LORA=lora > 0, R=max(lora, 1), R_POW2=max(lora, 1), DIRECT=True)
+                 LORA=lora > 0, R=max(lora, 1), R_POW2=max(lora, 1))
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
