@@ -17,14 +17,16 @@ programs, whose partials, ticket and final sum add a 2.5-3.3 us tail to every la
 - U adjacent K tiles per step (GemvConfig.mma_tiles), the next step's loaded meanwhile, and under PDL the first
   step's weights load before the wait for the previous kernel. With U = 2 a quad of lanes reads a row's whole
   128-byte line per step; with one tile, half a line, and the other half a step later, which measured slower.
-- The program's warps meet in a fixed-order sum in shared memory: no K split across programs, no tail.
+- The program's warps meet in a fixed-order sum in shared memory (one reduction of all four accumulator registers):
+  no K split across programs, no tail. Without LoRA each sum is stored by the thread that holds it; no output tile
+  is assembled (configs.MMA_DIRECT_STORE). The two together took 7 % off the M = 1 launch (bench/RESULTS.md).
 
 Under Triton's interpreter the PTX helpers are emulated with the same per-lane registers (emulate.py), so the kernels
 that use them run in CPU tests.
 
 ~350-390 instructions per 4096 weights, none through shared memory. Products are fp32 and the order of the sum is
 fixed, so results are bitwise reproducible run to run; they equal the other kernels' up to the order of the fp32
-summation. The epilogue (LoRA in the same launch, gemv_lora.py) is gemv_out.py's.
+summation. The LoRA epilogue (the adapters in the same launch, gemv_lora.py) is gemv_out.py's, on tiles.
 """
 
 from __future__ import annotations

@@ -171,3 +171,33 @@ def test_gpu_timeline_stamps_change_no_result():
     rows = stamps[stamps[:, ENTRY_NS] > 0]
     assert rows.shape[0] == 1024 // _MMA.block_n and (rows[:, EXIT_NS] >= rows[:, ENTRY_NS]).all()
     assert (rows[:, CYCLES + 2] >= rows[:, CYCLES + 1]).all()  # the loop ends after the PDL wait
+
+
+
+def _direct_store_matches_tiles(device, monkeypatch):
+    """Outputs stored straight from the cross-warp sums (configs.MMA_DIRECT_STORE, shipped) equal the tile epilogue's
+    (the LoRA path's) bit for bit, and nothing past M is written (a NaN-filled output)."""
+    cfg = GemvConfig(16, 32, 128, mma=True, num_warps=2)  # two row tiles, two warps summed
+    packed, _ = random_weight("int4", (96, 512), seed=5, device=device)
+    wk = resolve("int4", packed, stacked=False)
+    tickets = _tickets if device == "cuda" else (lambda c: torch.zeros(max(c, 1024), dtype=torch.int32))
+    for m in (1, 5, 9, 16):  # one n8 tile (full or partial), two (partial or full)
+        x = torch.randn(m, 512, device=device).bfloat16()
+        outs = {}
+        for direct in (True, False):
+            monkeypatch.setattr(configs, "MMA_DIRECT_STORE", direct)
+            y = torch.full((m + 1, 96), float("nan"), dtype=torch.bfloat16, device=device)
+            gemv.gemv(x, wk, y[:m], cfg, tickets, True)
+            assert y[m].isnan().all() and not y[:m].isnan().any(), (m, direct)
+            outs[direct] = y[:m]
+        assert torch.equal(outs[True], outs[False]), m
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+def test_direct_store_gives_the_tile_epilogues_bits(monkeypatch):
+    _direct_store_matches_tiles("cpu", monkeypatch)
+
+
+@gpu
+def test_gpu_direct_store_gives_the_tile_epilogues_bits(monkeypatch):
+    _direct_store_matches_tiles("cuda", monkeypatch)
