@@ -29,7 +29,7 @@ for s in $sections; do
     graphs)  for v in "--decode-steps 8 --one-graph-per-step" "--decode-steps 8" "--decode-steps 16"; do echo "== $v"
                timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 \
                --prompt-len 512 --batches 1 4 16 --no-hf $v; done >"$OUT/graphs.log" 2>&1 ;;
-    tests)   timeout 280 python3 -m pytest -q -m gpu tests -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;
+    tests)   timeout 280 python3 -m pytest -q -m gpu tests -n 4 -p no:cacheprovider >"$OUT/tests.log" 2>&1 ;;  # (serially: over 300 s)
     # (no --profile here: steps after a torch.profiler session ran ~8 % slower at batch 1; the trace section profiles)
     rollout) timeout 330 python3 bench/rollout.py --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 \
                --batches 1 16 64 256 --hf-max-batch 64 >"$OUT/rollout.log" 2>&1 ;;
