@@ -185,12 +185,14 @@ def section_epilogue(deadline: float) -> None:
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 t: dict[bool, list[float]] = {True: [], False: []}
                 outs = {}
-                for _ in range(3):
-                    for direct in (True, False):
-                        configs.MMA_DIRECT_STORE = direct
-                        outs[direct] = kernels.int4_linear(x, packed)
-                        t[direct].append(graph_us(kernels.int4_linear, x, packed))
-                configs.MMA_DIRECT_STORE = True
+                try:
+                    for _ in range(3):
+                        for direct in (True, False):
+                            configs.MMA_DIRECT_STORE = direct
+                            outs[direct] = kernels.int4_linear(x, packed)
+                            t[direct].append(graph_us(kernels.int4_linear, x, packed))
+                finally:
+                    configs.MMA_DIRECT_STORE = True
                 d, tile = sorted(t[True])[1], sorted(t[False])[1]
                 ratios.setdefault(m, []).append(tile / d)
                 say(f"{model}.{layer:12} {n:6} {k:6} M={m} | bf16 {graph_us(F.linear, x, wbf):6.1f} | direct {d:6.2f} "

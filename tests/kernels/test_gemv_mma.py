@@ -65,13 +65,17 @@ def test_mma_gemv_under_the_interpreter(case):
     for m in (1, 3, 8, 9, 16):  # one n8 tile of activation rows (a partial one), two (one partial)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
         y = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16), cfg,
-                      lambda c: torch.zeros(max(c, 1024), dtype=torch.int32), True)  # fmt: skip
+                      _cpu_tickets, True)  # fmt: skip
         ref = x.double() @ w.T
         assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-7))
 
 
 def _tickets(n: int) -> torch.Tensor:
     return gemm._tickets(torch.device("cuda", torch.cuda.current_device()), n)
+
+
+def _cpu_tickets(n: int) -> torch.Tensor:
+    return torch.zeros(max(n, 1024), dtype=torch.int32)
 
 
 _MMA = configs._GEMV_MMA
@@ -173,14 +177,13 @@ def test_gpu_timeline_stamps_change_no_result():
     assert (rows[:, CYCLES + 2] >= rows[:, CYCLES + 1]).all()  # the loop ends after the PDL wait
 
 
-
 def _direct_store_matches_tiles(device, monkeypatch):
     """Outputs stored straight from the cross-warp sums (configs.MMA_DIRECT_STORE, shipped) equal the tile epilogue's
     (the LoRA path's) bit for bit, and nothing past M is written (a NaN-filled output)."""
     cfg = GemvConfig(16, 32, 128, mma=True, num_warps=2)  # two row tiles, two warps summed
     packed, _ = random_weight("int4", (96, 512), seed=5, device=device)
     wk = resolve("int4", packed, stacked=False)
-    tickets = _tickets if device == "cuda" else (lambda c: torch.zeros(max(c, 1024), dtype=torch.int32))
+    tickets = _tickets if device == "cuda" else _cpu_tickets
     for m in (1, 5, 9, 16):  # one n8 tile (full or partial), two (partial or full)
         x = torch.randn(m, 512, device=device).bfloat16()
         outs = {}
