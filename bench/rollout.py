@@ -22,12 +22,11 @@ import importlib
 import importlib.util
 import json
 import os
-import sys
 import time
 
-# The script's own directory holds bench/kernels.py, which transformers would mistake for the HF `kernels`
-# package (it probes that name on import): drop the directory from the import path.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+# First, before transformers loads: moves this directory (bench/kernels.py) behind the HF `kernels` package.
+import orbit_lightning  # noqa: F401
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("moe_switches", os.path.join(_HERE, "moe_switches.py"))
 switches = importlib.util.module_from_spec(_spec)

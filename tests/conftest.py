@@ -10,5 +10,9 @@ import os
 
 import torch
 
+# Before any test module imports transformers: moves the checkout root (its `kernels/`) behind the HF `kernels`
+# package that transformers imports (see orbit_lightning/__init__.py).
+import orbit_lightning  # noqa: F401
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -3,8 +3,33 @@
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
+
+
+def _demote_kernels_shadows() -> None:
+    """Keep a source checkout from shadowing the `kernels` distribution that transformers imports.
+
+    transformers >= 5.25 requires Hugging Face's `kernels` package and imports it by that top-level name while
+    loading any model. A checkout holds two modules of that name: `kernels/` at its root (installed as
+    `orbit_lightning.kernels`) and `bench/kernels.py`. Running from the root (`python -m ...`, pytest's
+    `pythonpath`) or running a bench script puts their directory on sys.path ahead of site-packages, and transformers
+    then fails with "cannot import name ... from 'kernels'". Moving those entries to the end of sys.path keeps the
+    rest of them importable (`tests.*`, the bench helpers) and lets `import kernels` find the installed package.
+    """
+    root = Path(__file__).resolve().parents[2]
+    if not ((root / "pyproject.toml").is_file() and (root / "kernels" / "__init__.py").is_file()):
+        return  # an installed wheel: nothing of ours is named `kernels`
+
+    ours = {root, root / "bench"}  # the directories holding kernels/ and kernels.py
+    shadowing = [entry for entry in sys.path if Path(entry or ".").resolve() in ours]
+    if shadowing:
+        sys.path[:] = [entry for entry in sys.path if entry not in shadowing] + shadowing
+
+
+_demote_kernels_shadows()
 
 # Public names resolve lazily so that `import orbit_lightning` stays cheap (no Lightning/torchao import).
 _PUBLIC = {
