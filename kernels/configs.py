@@ -122,6 +122,11 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
+    # Warps of a program on distinct rows over the same K run (block_n rows each, a program block_n * row_warps):
+    # they read the same activations at about the same time, so L2 sends each K tile's once per program rather than
+    # once per block_n rows (without LoRA; the LoRA epilogue takes 1).
+    row_warps: int = 1
+    x_ahead: bool = True  # activations load a step ahead, as the weights do; False: at their step (from L1)
 
     @property
     def launch_options(self) -> dict:
@@ -139,6 +144,9 @@ class GemvConfig:
             raise ValueError(f"GemvConfig.block_k must be >= 32, got {self.block_k}")
         if self.mma and self.block_n not in (16, 32):
             raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
+        if self.row_warps not in (1, 2, 4, 8) or self.row_warps > self.num_warps:
+            raise ValueError(f"GemvConfig.row_warps must be 1, 2, 4 or 8 and at most num_warps ({self.num_warps}), "
+                             f"got {self.row_warps}")
         if self.mma_tiles not in (1, 2, 4) or self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
         if self.k_iters < 0 or self.programs_per_sm < 1:
@@ -232,11 +240,11 @@ TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32
 def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
     """Whether gemv_mma.py's kernel (grouped_mma.py's for `stacked` experts) reads `w` (with bf16 activations on an
     sm_80+ GPU, M <= 16): int4 with groups of at least 32 (a lane's 32 values share a scale), K a multiple of its
-    steps (mma_tiles of 128), N of block_n, contiguous words on 16 bytes (the activations' alignment is the
+    steps (mma_tiles of 128), N of block_n * row_warps, contiguous words on 16 bytes (the activations' alignment is the
     caller's to check)."""
     step = TILE_K * cfg.mma_tiles
     return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
-            and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
+            and w.n % (cfg.block_n * cfg.row_warps) == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
             and w.values.data_ptr() % 16 == 0)  # fmt: skip
 
 

@@ -32,6 +32,13 @@ def test_warps_split_k_evenly_and_fill_the_sms():
     assert warps_for(cfg, 1 << 15, 4096, 132) == 1  # enough programs already
     assert warps_for(cfg, 1, 128, 132) == 1  # one K tile
     assert warps_for(replace(cfg, mma_tiles=4), 4096 // 32, 1536, 132) == 1  # 3 steps of 4 tiles
+    rows = replace(cfg, row_warps=4)  # 4 row blocks, then K splits: 192 / 4 programs want 36 warps each
+    assert warps_for(rows, 6144 // 128, 4096, 132) == 8
+    assert warps_for(rows, 24576 // 128, 4096, 132) == 8  # want 9: the cap
+    assert warps_for(replace(rows, num_warps=16), 24576 // 128, 4096, 132) == 16
+    assert warps_for(rows, 1 << 15, 4096, 132) == 4  # never fewer than the row blocks
+    with pytest.raises(ValueError, match="row_warps"):
+        GemvConfig(16, 16, 128, mma=True, num_warps=2, row_warps=4)
     with pytest.raises(ValueError, match="block_n 16 or 32"):
         GemvConfig(16, 64, 128, mma=True)
     with pytest.raises(ValueError, match="mma_tiles"):
@@ -46,6 +53,7 @@ def test_the_mma_kernel_serves_only_what_it_reads():
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
     assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
+    assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, row_warps=8))  # 64 rows, not 128
 
 
 @pytest.mark.usefixtures("cpu_kernels")
@@ -88,6 +96,7 @@ CASES = {  # name: (format, N, K, config)
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
+    "row-warps-x-at-step": ("int4", 6144, 4096, replace(_MMA, row_warps=4, x_ahead=False)),
 }
 
 
@@ -204,3 +213,35 @@ def test_direct_store_gives_the_tile_epilogues_bits(monkeypatch):
 @gpu
 def test_gpu_direct_store_gives_the_tile_epilogues_bits(monkeypatch):
     _direct_store_matches_tiles("cuda", monkeypatch)
+
+
+def _row_warps_match_their_k_split(device):
+    """Warps on distinct rows (GemvConfig.row_warps) over the same K runs, with the activations loaded a step ahead
+    or at their step, give the bits of the kernel without row warps whose K runs are the same (two per row here):
+    each row's products and sums happen in one order either way. Nothing past M is written (a NaN-filled output)."""
+    n, k = 128, 512
+    packed, _ = random_weight("int4", (n, k), seed=8, device=device)
+    wk = resolve("int4", packed, stacked=False)
+    tickets = _tickets if device == "cuda" else _cpu_tickets
+    plain = GemvConfig(16, 16, 128, mma=True, num_warps=2, programs_per_sm=64, mma_tiles=2)
+    variants = [replace(plain, num_warps=4, row_warps=2), replace(plain, num_warps=8, row_warps=4, x_ahead=False),
+                replace(plain, block_n=32, num_warps=8, row_warps=4, x_ahead=False)]  # (2 row tiles per warp)
+    for cfg in [plain, *variants]:
+        assert warps_for(cfg, n // (cfg.block_n * cfg.row_warps), k, 132) == 2 * cfg.row_warps, cfg
+    for m in (5, 9):  # one n8 tile of activation rows, two (both partial)
+        x = torch.randn(m, k, device=device).bfloat16()
+        want = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16, device=device), plain, tickets, True)
+        for cfg in variants:
+            y = torch.full((m + 1, n), float("nan"), dtype=torch.bfloat16, device=device)
+            gemv.gemv(x, wk, y[:m], cfg, tickets, True)
+            assert y[m].isnan().all() and torch.equal(y[:m], want), (m, cfg)
+
+
+@pytest.mark.usefixtures("cpu_kernels")
+def test_row_warps_give_the_bits_of_their_k_split():
+    _row_warps_match_their_k_split("cpu")
+
+
+@gpu
+def test_gpu_row_warps_give_the_bits_of_their_k_split():
+    _row_warps_match_their_k_split("cuda")
