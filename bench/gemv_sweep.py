@@ -572,7 +572,7 @@ def section_regs(deadline: float) -> None:
                 capped = replace(cfg, maxnreg=80)
                 ref, bound = reference(x, wdq)
                 bf = graph_us(F.linear, x, wbf)
-                nw = gemv_mma.warps_for(cfg, n // cfg.block_n, k, sms)
+                nw = gemv_mma.mma_split(cfg, n, k, sms)[1]
                 for lora in (False, True):
                     d = delta if lora else None
                     want = ref + 2.0 * (x.float() @ a.float().T) @ b.float().T if lora else ref

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from orbit_lightning.kernels import configs, gemv_mma
-from orbit_lightning.kernels.configs import TILE_K, sm_count
+from orbit_lightning.kernels.configs import sm_count
 
 from orbit_lightning import kernels
 from orbit_lightning.quant.formats import get_format
@@ -167,8 +167,8 @@ def run_pattern(packed: dict, x: torch.Tensor, out: torch.Tensor, scales: int, w
                 sum_warps: int) -> None:  # fmt: skip
     w, scale = packed["weight_packed"], packed["weight_scale"]
     n, k = w.shape[0], w.shape[1] * 8
-    nw = gemv_mma.warps_for(configs._GEMV_MMA, n // 16, k, sm_count(w.device))
-    _pattern_kernel[(n // 16,)](w, scale, x, out, k, k // TILE_K // nw, w.stride(0), scale.stride(0), SCALES=scales,
+    programs, nw, tiles_per_warp = gemv_mma.mma_split(configs._GEMV_MMA, n, k, sm_count(w.device))
+    _pattern_kernel[(programs,)](w, scale, x, out, k, tiles_per_warp, w.stride(0), scale.stride(0), SCALES=scales,
                                 WORDS=words, X=xload, ALLOC=alloc, SUM=sum_warps, GROUP=k // scale.shape[1], NW=nw,
                                 num_warps=nw)  # fmt: skip
 

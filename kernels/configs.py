@@ -124,7 +124,8 @@ class GemvConfig:
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
     # Warps of a program on distinct rows over the same K run (block_n rows each, a program block_n * row_warps):
     # they read the same activations at about the same time, so L2 sends each K tile's once per program rather than
-    # once per block_n rows (without LoRA; the LoRA epilogue takes 1).
+    # once per block_n rows. Dense only, where the row blocks divide N, without LoRA and with the direct store
+    # (gemv_mma.launch_config; else 1).
     row_warps: int = 1
     x_ahead: bool = True  # activations load a step ahead, as the weights do; False: at their step (from L1)
 
@@ -240,11 +241,11 @@ TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32
 def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
     """Whether gemv_mma.py's kernel (grouped_mma.py's for `stacked` experts) reads `w` (with bf16 activations on an
     sm_80+ GPU, M <= 16): int4 with groups of at least 32 (a lane's 32 values share a scale), K a multiple of its
-    steps (mma_tiles of 128), N of block_n * row_warps, contiguous words on 16 bytes (the activations' alignment is the
+    steps (mma_tiles of 128), N of block_n, contiguous words on 16 bytes (the activations' alignment is the
     caller's to check)."""
     step = TILE_K * cfg.mma_tiles
     return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
-            and w.n % (cfg.block_n * cfg.row_warps) == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
+            and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
             and w.values.data_ptr() % 16 == 0)  # fmt: skip
 
 

@@ -7,7 +7,8 @@ programs, whose partials, ticket and final sum add a 2.5-3.3 us tail to every la
 - Every tensor has one element per thread (shape [32 * NW], a 1-D range, which Triton lays out one element per
   thread in thread order; tests/kernels/test_compile_sm90.py checks it), so a tensor is a register, and inline PTX
   moves exactly the data each lane's mma operands need.
-- Warp w of a program covers the program's 16 * MT rows (MT mma row tiles) over its run of K tiles of 128.
+- Warp w of a program covers row block w % RW of the program's (16 * MT rows: MT mma row tiles, RW row blocks;
+  GemvConfig.row_warps) over K run w // RW, a run of K tiles of 128.
   Lane (g, t) = (lane // 4, lane % 4) loads 16 bytes of words of rows g and g + 8 of each row tile (K 32t to
   32t + 31 of the tile: one scale group, so one scale per row), and x[row g (+ 8)][32t .. 32t + 31]: activation
   row g is the mma's column g, so M <= 8 is one n8 tile (the weight work of M = 1) and M <= 16 two.
@@ -251,10 +252,10 @@ def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride
     that exist). nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait).
     XA: the activations load a step ahead, as the weights do; else at the top of their own step (16 NT U registers
     fewer, for reads that L1 serves: see GemvConfig.x_ahead)."""
-    ok = tl.full((32 * NW,), 1, tl.int32)
+    one = tl.full((32 * NW,), 1, tl.int32)
     k_hi = k_lo + tiles_per_warp * _TILE_K
     if XA:
-        x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
+        x_nxt = _load_xs(x_rows, x_ok, k_lo, one, U, NT)
     acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
     # 128 contiguous bytes (two 64-byte halves of a line) in one step.
@@ -264,7 +265,7 @@ def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride
         if XA:
             xv = x_nxt
         else:
-            xv = _load_xs(x_rows, x_ok, k1 - U * _TILE_K, tl.full((32 * NW,), 1, tl.int32), U, NT)
+            xv = _load_xs(x_rows, x_ok, k_lo + i * _TILE_K, one, U, NT)
         ok = (k1 < k_hi).to(tl.int32)
         nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
         if XA:
@@ -404,27 +405,40 @@ def warps_for(cfg: GemvConfig, programs: int, k: int, sms: int) -> int:
     return nw
 
 
+def launch_config(cfg: GemvConfig, n: int, lora: LoraDelta | None = None) -> GemvConfig:
+    """cfg as the dense kernel runs it on N weight rows: row warps only where their row blocks divide N, without
+    LoRA and with the direct store (the LoRA epilogue works on tiles of one row block)."""
+    if cfg.row_warps > 1 and (lora is not None or not configs.MMA_DIRECT_STORE or n % (cfg.block_n * cfg.row_warps)):
+        return replace(cfg, row_warps=1)
+    return cfg
+
+
+def mma_split(cfg: GemvConfig, n: int, k: int, sms: int) -> tuple[int, int, int]:
+    """(programs, warps per program, K tiles per warp) of the dense kernel for N x K weights at a launch_config."""
+    programs = n // (cfg.block_n * cfg.row_warps)
+    nw = warps_for(cfg, programs, k, sms)
+    return programs, nw, k // TILE_K // (nw // cfg.row_warps)
+
+
 def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, lora: LoraDelta | None = None,
              stamps: Tensor | None = None) -> Tensor:
     """out[M, N] = x[M, K] @ W^T (+ the LoRA deltas `lora`) for M <= 16, x bf16 on the GPU with rows on 16-byte
     boundaries and `configs.mma_ok` weights; the arguments are gemv.gemv's."""
     m, k = x.shape
     n = w.n
-    if lora is not None or not configs.MMA_DIRECT_STORE:  # (row warps store directly; LoRA works on tiles)
-        cfg = replace(cfg, row_warps=1)
-    block_n = cfg.block_n * cfg.row_warps
-    n_tiles = n // block_n
-    nw = warps_for(cfg, n_tiles, k, sm_count(x.device))
-    # Two n8 tiles of activation rows (M > 8) take one K tile per step when the activations load a step ahead: two
-    # would spill (compile test). Rank programs (LoRA) of NW warps take NW times the one-warp slice: fewer of them
-    # hold SM slots.
-    launch = launch_args(x, n, lora, 16, block_n, lambda: tickets(N_COUNTERS), n_tiles, stamps, TILE_K * nw)
+    cfg = launch_config(cfg, n, lora)
+    n_tiles, nw, tiles_per_warp = mma_split(cfg, n, k, sm_count(x.device))
+    # Two n8 tiles of activation rows (M > 8) take one K tile per step when the activations load a step ahead, and
+    # at most two when they load at their step: more would spill (compile test). Rank programs (LoRA) of NW warps
+    # take NW times the one-warp slice: fewer of them hold SM slots.
+    u = cfg.mma_tiles if m <= 8 else 1 if cfg.x_ahead else min(cfg.mma_tiles, 2)
+    launch = launch_args(x, n, lora, 16, cfg.block_n * cfg.row_warps, lambda: tickets(N_COUNTERS), n_tiles, stamps,
+                         TILE_K * nw)  # fmt: skip
     pdl = use_pdl(x.device)
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
-        x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), k // TILE_K // (nw // cfg.row_warps),
-        w.values.stride(0), w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
-        U=cfg.mma_tiles if m <= 8 or not cfg.x_ahead else 1, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1,
-        PDL=pdl, launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, RW=cfg.row_warps, XA=cfg.x_ahead,
-        **launch.constexprs, **cfg.launch_options,
+        x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, w.values.stride(0),
+        w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2, U=u,
+        LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl, launch_pdl=pdl, num_warps=nw,
+        DIRECT=configs.MMA_DIRECT_STORE, RW=cfg.row_warps, XA=cfg.x_ahead, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out

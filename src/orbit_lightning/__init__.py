@@ -18,13 +18,17 @@ def _demote_kernels_shadows() -> None:
     `pythonpath`) or running a bench script puts their directory on sys.path ahead of site-packages, and transformers
     then fails with "cannot import name ... from 'kernels'". Moving those entries to the end of sys.path keeps the
     rest of them importable (`tests.*`, the bench helpers) and lets `import kernels` find the installed package.
+    Entries are recognized by what they hold, not by where this package was imported from, so a wheel run from a
+    checkout is covered too.
     """
-    root = Path(__file__).resolve().parents[2]
-    if not ((root / "pyproject.toml").is_file() and (root / "kernels" / "__init__.py").is_file()):
-        return  # an installed wheel: nothing of ours is named `kernels`
 
-    ours = {root, root / "bench"}  # the directories holding kernels/ and kernels.py
-    shadowing = [entry for entry in sys.path if Path(entry or ".").resolve() in ours]
+    def shadows(entry: str) -> bool:
+        path = Path(entry or ".").resolve()  # ("" is the working directory)
+        root = path.parent if path.name == "bench" else path
+        checkout = (root / "src" / "orbit_lightning").is_dir() and (root / "pyproject.toml").is_file()
+        return checkout and ((path / "kernels" / "__init__.py").is_file() or (path / "kernels.py").is_file())
+
+    shadowing = [entry for entry in sys.path if shadows(entry)]
     if shadowing:
         sys.path[:] = [entry for entry in sys.path if entry not in shadowing] + shadowing
 

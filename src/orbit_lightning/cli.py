@@ -13,7 +13,36 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import warnings
 from pathlib import Path
+
+# Lines that dependencies print on every start and that say nothing about the run, by logger: torchao's optional
+# CUDA extensions, which a CPU build of torch cannot load and none of our kernels use; torch's deprecation of the enum
+# registration torchao does on import; Lightning's advertisement for its cloud logger. The command drops them (the
+# library leaves every logger alone).
+STARTUP_NOISE = {
+    "torchao": "Failed to load",
+    "torch.utils._pytree": "is an Enum subclass and is now natively supported",
+    "lightning.pytorch.utilities.rank_zero": "try installing [litlogger]",
+}
+
+
+class _Drop(logging.Filter):
+    def __init__(self, needle: str):
+        super().__init__()
+        self.needle = needle
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.needle not in record.getMessage()
+
+
+def quiet_startup_noise() -> None:
+    for name, needle in STARTUP_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) for f in logger.filters):  # (main() may run more than once in a process)
+            logger.addFilter(_Drop(needle))
+    # Lightning's own pytree helper builds torch's deprecated LeafSpec (a FutureWarning aimed at Lightning)
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def config_dir() -> Path:
@@ -70,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     # Lightning's package logger has its own console handler and still propagates to the root handler above, which
     # printed each of its messages twice.
     logging.getLogger("lightning").propagate = False
+    quiet_startup_noise()
     try:
         cfg, yaml = compose(argv)
     except (HydraException, OmegaConfBaseException, ValueError) as e:

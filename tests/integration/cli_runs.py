@@ -8,6 +8,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from orbit_lightning.cli import STARTUP_NOISE
+
 # A tiny, fast, deterministic configuration: random-weight tiny MoE preset, INT4 base, LoRA incl. experts.
 TINY = [
     "model.path=tiny-qwen3-moe", "+model.overrides.vocab_size=47", "+model.overrides.eos_token_id=2", "quant=int4",
@@ -34,6 +36,8 @@ def command(*args: str) -> list[str]:
 def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     out = subprocess.run(command(*args), capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-4000:]
+    noise = [needle for needle in (*STARTUP_NOISE.values(), "LeafSpec") if needle in out.stderr]
+    assert not noise, f"dependency startup noise the command drops (cli.STARTUP_NOISE): {noise}\n{out.stderr[:3000]}"
     return out
 
 

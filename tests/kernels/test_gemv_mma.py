@@ -16,7 +16,7 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import LoraDelta
-from orbit_lightning.kernels.gemv_mma import warps_for
+from orbit_lightning.kernels.gemv_mma import launch_config, warps_for
 
 from orbit_lightning import kernels
 from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
@@ -32,7 +32,7 @@ def test_warps_split_k_evenly_and_fill_the_sms():
     assert warps_for(cfg, 1 << 15, 4096, 132) == 1  # enough programs already
     assert warps_for(cfg, 1, 128, 132) == 1  # one K tile
     assert warps_for(replace(cfg, mma_tiles=4), 4096 // 32, 1536, 132) == 1  # 3 steps of 4 tiles
-    rows = replace(cfg, row_warps=4)  # 4 row blocks, then K splits: 192 / 4 programs want 36 warps each
+    rows = replace(cfg, row_warps=4)  # 4 row blocks, then K splits: 48 programs want 33 warps each
     assert warps_for(rows, 6144 // 128, 4096, 132) == 8
     assert warps_for(rows, 24576 // 128, 4096, 132) == 8  # want 9: the cap
     assert warps_for(replace(rows, num_warps=16), 24576 // 128, 4096, 132) == 16
@@ -53,7 +53,11 @@ def test_the_mma_kernel_serves_only_what_it_reads():
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
     assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
-    assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, row_warps=8))  # 64 rows, not 128
+    # Row warps where their blocks divide N (64 rows: 4 blocks of 16, not 8)
+    assert configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, num_warps=8, row_warps=8))
+    assert launch_config(replace(cfg, row_warps=4), 64).row_warps == 4
+    assert launch_config(replace(cfg, row_warps=8), 64).row_warps == 1
+    assert launch_config(replace(cfg, row_warps=4), 64, _adapters((64,), 256, 4, torch.bfloat16)).row_warps == 1
 
 
 @pytest.mark.usefixtures("cpu_kernels")
@@ -227,8 +231,9 @@ def _row_warps_match_their_k_split(device):
     variants = [replace(plain, num_warps=4, row_warps=2), replace(plain, num_warps=8, row_warps=4, x_ahead=False),
                 replace(plain, block_n=32, num_warps=8, row_warps=4, x_ahead=False)]  # (2 row tiles per warp)
     for cfg in [plain, *variants]:
+        assert configs.mma_ok(wk, cfg) and launch_config(cfg, n) == cfg, cfg  # (else the tile kernel would run)
         assert warps_for(cfg, n // (cfg.block_n * cfg.row_warps), k, 132) == 2 * cfg.row_warps, cfg
-    for m in (5, 9):  # one n8 tile of activation rows, two (both partial)
+    for m in (5, 9):  # one n8 tile of activation rows (partial), two (the second partial)
         x = torch.randn(m, k, device=device).bfloat16()
         want = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16, device=device), plain, tickets, True)
         for cfg in variants:
