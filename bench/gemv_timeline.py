@@ -62,8 +62,9 @@ def one_run(x, w, cfg, delta, flush, hz) -> dict:
     n_rank = 0
     if delta is not None:
         # (the mma kernel's rank programs take one slice per warp of its programs: gemv_mma.py)
-        nw = mma_split(launch_config(cfg, w.n, delta), w.n, x.shape[1], sm_count(x.device))[1] if cfg.mma else 0
-        one_row = TILE_K * nw if cfg.mma else SLICE_ONE_ROW
+        one_row = SLICE_ONE_ROW
+        if cfg.mma:
+            one_row = TILE_K * mma_split(launch_config(cfg, w.n, delta), w.n, x.shape[1], sm_count(x.device))[1]
         n_rank = len(delta.a) * rank_slices(x.shape[0], x.shape[1], one_row)
     weights = slice(n_rank, None)
     loop_cycles = st[weights, CYCLES + 2] - st[weights, CYCLES]  # slot 5: the loop's end (the pointer kernel only)

@@ -310,7 +310,7 @@ def _gather(c0, c1, c2, c3, NW: tl.constexpr):
 
 
 @triton.jit
-def _store_reduced(y, out_ptr, row0, col0, M, stride_om, BLOCK_STRIDE: tl.constexpr = 0):
+def _store_reduced(y, out_ptr, row0, col0, M, stride_om, BLOCK_STRIDE: tl.constexpr):
     """Store _warp_reduce's values y, out^T rows row0 + 0..15 (+ BLOCK_STRIDE b in row block b) at activation rows
     col0 + 0..7, where the activation row is below M: no tile is assembled (the LoRA epilogue, which works on tiles,
     takes _gather)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -25,6 +26,8 @@ STARTUP_NOISE = {
     "torch.utils._pytree": "is an Enum subclass and is now natively supported",
     "lightning.pytorch.utilities.rank_zero": "try installing [litlogger]",
 }
+# ... and a warning: Lightning's own pytree helper builds torch's deprecated LeafSpec (a FutureWarning aimed at it)
+STARTUP_WARNING = "`isinstance(treespec, LeafSpec)` is deprecated"
 
 
 class _Drop(logging.Filter):
@@ -41,8 +44,7 @@ def quiet_startup_noise() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _Drop) for f in logger.filters):  # (main() may run more than once in a process)
             logger.addFilter(_Drop(needle))
-    # Lightning's own pytree helper builds torch's deprecated LeafSpec (a FutureWarning aimed at Lightning)
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    warnings.filterwarnings("ignore", message=re.escape(STARTUP_WARNING))
 
 
 def config_dir() -> Path:

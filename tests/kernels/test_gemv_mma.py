@@ -16,7 +16,7 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import LoraDelta
-from orbit_lightning.kernels.gemv_mma import launch_config, warps_for
+from orbit_lightning.kernels.gemv_mma import launch_config, mma_split, warps_for
 
 from orbit_lightning import kernels
 from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
@@ -232,7 +232,7 @@ def _row_warps_match_their_k_split(device):
                 replace(plain, block_n=32, num_warps=8, row_warps=4, x_ahead=False)]  # (2 row tiles per warp)
     for cfg in [plain, *variants]:
         assert configs.mma_ok(wk, cfg) and launch_config(cfg, n) == cfg, cfg  # (else the tile kernel would run)
-        assert warps_for(cfg, n // (cfg.block_n * cfg.row_warps), k, 132) == 2 * cfg.row_warps, cfg
+        assert mma_split(cfg, n, k, 132)[1] == 2 * cfg.row_warps, cfg
     for m in (5, 9):  # one n8 tile of activation rows (partial), two (the second partial)
         x = torch.randn(m, k, device=device).bfloat16()
         want = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16, device=device), plain, tickets, True)
