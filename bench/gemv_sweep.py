@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernel and of the one-pass int4 dequantize, on the GPU machine.
 
     python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma,m16x,
-                                                         m16mt,m16rw,epilogue]
+                                                         m16mt,m16rw,mt4,epilogue]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph
 cold-L2 times (graph_us), each output checked against an fp32 reference; per-variant geomean speedups
@@ -12,7 +12,7 @@ that do_bench cannot hide), host cost per call on a tiny weight and its parts, i
 a device copy / fill for the bandwidth ceiling. train: dequantize + cuBLAS vs bf16, fwd + dX, M = 4096.
 mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs. m16mt: the mma kernel at 9 and 16
 rows with 1 or 2 row tiles per warp, against the dispatch; m16rw: at 8, 9 and 16 rows with row warps and activations
-loaded at their step, against the dispatch. epilogue: the mma GEMV's direct store against its
+loaded at their step, against the dispatch; mt4: at 1, 8 and 16 rows with four row tiles per warp. epilogue: the mma GEMV's direct store against its
 tile epilogue. m16x: the M = 16 kernels with 16
 activation rows and with one row 16 times (stride 0), and M = 1.
 """
@@ -185,6 +185,20 @@ def section_m16rw(deadline: float) -> None:
         base, block_n=bn, num_warps=nw, programs_per_sm=pps, mma_tiles=u, row_warps=rw, x_ahead=xa)
         for bn, nw, pps, u, rw, xa in picks}  # fmt: skip
     section_gemv(deadline, {8: variants, 9: variants, 16: variants}, dispatched=True)
+
+
+def section_mt4(deadline: float) -> None:
+    """1, 8 and 16 rows on the mma GEMV with four row tiles per warp (block_n 64): each activation register a warp
+    loads serves 64 weight rows instead of 16 or 32, which m16rw's row warps tried to get from L1 and lost (the
+    twenty-fifth session), against the shipped one- and two-tile configs and the dispatch in the same run."""
+    base = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
+    picks = [(16, 8, 24, 2, True), (32, 8, 16, 2, True), (64, 4, 8, 1, True), (64, 8, 8, 1, True),
+             (64, 8, 16, 1, True), (64, 8, 24, 1, True), (64, 16, 16, 1, True), (64, 16, 32, 1, True),
+             (64, 8, 16, 2, True), (64, 8, 16, 1, False), (64, 8, 16, 2, False), (64, 8, 8, 2, False)]
+    variants = {f"mma{bn}w{nw}{'' if xa else 'xs'}/p{pps}/t{u}": replace(
+        base, block_n=bn, num_warps=nw, programs_per_sm=pps, mma_tiles=u, x_ahead=xa)
+        for bn, nw, pps, u, xa in picks}  # fmt: skip
+    section_gemv(deadline, {1: variants, 8: variants, 16: variants}, dispatched=True)
 
 
 def section_epilogue(deadline: float) -> None:
@@ -603,7 +617,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
                 "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x,
-                "m16mt": section_m16mt, "m16rw": section_m16rw, "epilogue": section_epilogue, "regs": section_regs}
+                "m16mt": section_m16mt, "m16rw": section_m16rw, "mt4": section_mt4, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

@@ -143,8 +143,8 @@ class GemvConfig:
             raise ValueError("GemvConfig with dot=True needs block_m and block_n >= 16 (tl.dot minimum)")
         if self.block_k < 32:
             raise ValueError(f"GemvConfig.block_k must be >= 32, got {self.block_k}")
-        if self.mma and self.block_n not in (16, 32):
-            raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
+        if self.mma and self.block_n not in (16, 32, 64):
+            raise ValueError(f"GemvConfig with mma=True takes block_n 16, 32 or 64, got {self.block_n}")
         if self.row_warps not in (1, 2, 4, 8) or self.row_warps > self.num_warps:
             raise ValueError(f"GemvConfig.row_warps must be 1, 2, 4 or 8 and at most num_warps ({self.num_warps}), "
                              f"got {self.row_warps}")

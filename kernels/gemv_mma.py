@@ -339,6 +339,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      RW: tl.constexpr, XA: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT * RW
     tl.static_assert(RW == 1 or (DIRECT and not LORA), "row warps take the direct store, without LoRA")
+    tl.static_assert(MT <= 2 or (DIRECT and not LORA), "four row tiles take the direct store, without LoRA")
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
     if is_rank:

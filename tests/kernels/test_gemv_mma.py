@@ -61,7 +61,7 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps"])
+@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "four-rowtiles"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -70,6 +70,7 @@ def test_mma_gemv_under_the_interpreter(case):
         "two-rowtiles": (96, 512, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2), "int4"),
         "g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g128"),
         "one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1), "int4"),
+        "four-rowtiles": (128, 512, GemvConfig(16, 64, 128, mma=True, num_warps=2, mma_tiles=2), "int4"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -101,6 +102,8 @@ CASES = {  # name: (format, N, K, config)
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
     "row-warps-x-at-step": ("int4", 6144, 4096, replace(_MMA, row_warps=4, x_ahead=False)),
+    "four-rowtiles": ("int4", 7168, 2048, replace(_MMA, block_n=64, programs_per_sm=16)),
+    "four-rowtiles-x-at-step": ("int4", 1024, 4096, replace(_MMA, block_n=64, num_warps=16, x_ahead=False)),
 }
 
 
