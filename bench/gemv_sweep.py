@@ -12,9 +12,9 @@ that do_bench cannot hide), host cost per call on a tiny weight and its parts, i
 a device copy / fill for the bandwidth ceiling. train: dequantize + cuBLAS vs bf16, fwd + dX, M = 4096.
 mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs. m16mt: the mma kernel at 9 and 16
 rows with 1 or 2 row tiles per warp, against the dispatch; m16rw: at 8, 9 and 16 rows with row warps and activations
-loaded at their step, against the dispatch; mt4: at 1, 8 and 16 rows with four row tiles per warp. epilogue: the mma GEMV's direct store against its
-tile epilogue. m16x: the M = 16 kernels with 16
-activation rows and with one row 16 times (stride 0), and M = 1.
+loaded at their step, against the dispatch; mt4: at 1, 8 and 16 rows with four row tiles per warp. epilogue: the mma
+GEMV's direct store against its tile epilogue. m16x: the M = 16 kernels with 16 activation rows and with one row 16
+times (stride 0), and M = 1.
 """
 
 from __future__ import annotations
@@ -617,7 +617,8 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
                 "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x,
-                "m16mt": section_m16mt, "m16rw": section_m16rw, "mt4": section_mt4, "epilogue": section_epilogue, "regs": section_regs}
+                "m16mt": section_m16mt, "m16rw": section_m16rw, "mt4": section_mt4, "epilogue": section_epilogue,
+                "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

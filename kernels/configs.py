@@ -189,11 +189,26 @@ _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 # 30.5 and 34.3). K not a multiple of 256 takes one tile per step.
 # Up to M = 8 (one n8 tile of activation rows) the same configs lead (M = 4 / 8 geomean over bf16 2.06x / 1.86x
 # against the tile kernel's 1.28x / 1.30x); at M = 16 the mma kernel's best (1.37x) barely beats it (1.26x) and loses
-# on some shapes, so M > 8 keeps the tile kernel.
+# on some shapes, so M > 8 takes wgmma_int4 on Hopper (gemm.dense_gemm), but for small weights (below).
 MMA_MAX_M = 8
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
+# Two row tiles per warp beyond one row (bench/gemv_sweep.py --sections m16rw and mt4, H200, twenty-fifth session, two
+# runs each): at 2-8 rows on tall matrices (N >= 16384) Qwen3-8B gate_up 27.1 -> 23.4 us, DeepSeek-V3 q_b 11.8 ->
+# 10.7, its MLP gate_up 65.4 -> 55.8 (at M = 1 a tie or slower: M = 1 keeps _GEMV_MMA); and at 9-16 rows on small
+# weights, where wgmma_int4's fill and split-K tail dominate, with half a program per SM or more (Qwen3-8B o 10.7 ->
+# 8.8 us; Qwen3-30B-A3B o, N = 2048 (64 programs of 32 rows), takes one row tile: 8.5 -> 6.8).
+_GEMV_MMA_TWO_ROWTILES = replace(_GEMV_MMA, block_n=32, programs_per_sm=16)
+MMA_SMALL_WEIGHT = 1 << 24  # N * K up to which the mma GEMV serves 9-16 rows instead of wgmma_int4 (4096 x 4096)
+
+
+def _mma_config(m: int, w: PackedWeight, device: torch.device) -> GemvConfig:
+    """The mma GEMV's config for M rows (up to 8, or 16 on small weights) of `w`: see the measurements above."""
+    if w.k >= 16384:
+        return _GEMV_MMA_LONG_K
+    two = w.n >= 16384 or (m > MMA_MAX_M and 2 * w.n >= _GEMV_MMA_TWO_ROWTILES.block_n * sm_count(device))
+    return _GEMV_MMA_TWO_ROWTILES if m > 1 and two else _GEMV_MMA
 
 
 def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,
@@ -208,9 +223,8 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if m <= MMA_MAX_M and w is not None:
-        mma = _GEMV_MMA_LONG_K if w.k >= 16384 else _GEMV_MMA
-        for cfg in (mma, _GEMV_MMA_ONE_TILE):
+    if w is not None and (m <= MMA_MAX_M or w.n * w.k <= MMA_SMALL_WEIGHT):
+        for cfg in (_mma_config(m, w, device), _GEMV_MMA_ONE_TILE):
             if mma_ok(w, cfg):
                 return cfg
     if m == 1 and w is not None and w.k <= 4096 and w.n >= 4 * _GEMV_TALL.block_n * sm_count(device):

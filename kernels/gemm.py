@@ -216,26 +216,28 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         return out.reshape(*lead, p)
     if r == 0:
         return out.zero_().reshape(*lead, p)
-    if config is None and not dx and wgmma_serves(a2, w):
-        # 9 to wgmma_int4.MAX_ROWS rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA
-        # added after it. At 9-16 rows it beats the decode GEMV below even with the GEMV's LoRA in its launch
-        # (bench/RESULTS.md, thirteenth session); past 64, the tile kernel and dequantize + cuBLAS (sixteenth).
-        out = wgmma_int4(a2, w, out, lambda n: _tickets(a.device, n))
-        if lora is not None:
-            out = lora_add_many(out, a2, *lora)
-        return out.reshape(*lead, p)
+    gcfg = None
     if config is None and not dx and w.fmt.code != PLAIN:
         # Decode sizes: the bandwidth-bound small-M kernel (never in batch-invariant mode, which keeps
         # its one fixed tile config for every M; pick_gemv returns None there).
         packed_int4 = fast_int4(w, a.dtype)
         gcfg = pick_gemv(m, a.device, a.dtype, packed_int4, w)
-        if gcfg is not None:
-            a2 = a2 if a2.stride(1) == 1 else a2.contiguous()
-            fused = lora is not None and fuse_lora(m, r, gcfg) and fits(lora, a2, p, gcfg.block_m, gcfg.block_n)
-            gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4, lora if fused else None)
-            if lora is not None and not fused:
-                out = lora_add_many(out, a2, *lora)
-            return out.reshape(*lead, p)
+    if config is None and not dx and not (gcfg is not None and gcfg.mma) and wgmma_serves(a2, w):
+        # 9 to wgmma_int4.MAX_ROWS rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA
+        # added after it. At 9-16 rows it beats the decode GEMVs even with the GEMV's LoRA in its launch
+        # (bench/RESULTS.md, thirteenth session), but for the small weights the mma GEMV takes (configs.pick_gemv);
+        # past 64, the tile kernel and dequantize + cuBLAS (sixteenth).
+        out = wgmma_int4(a2, w, out, lambda n: _tickets(a.device, n))
+        if lora is not None:
+            out = lora_add_many(out, a2, *lora)
+        return out.reshape(*lead, p)
+    if gcfg is not None:
+        a2 = a2 if a2.stride(1) == 1 else a2.contiguous()
+        fused = lora is not None and fuse_lora(m, r, gcfg) and fits(lora, a2, p, gcfg.block_m, gcfg.block_n)
+        gemv(a2, w, out, gcfg, lambda n: _tickets(a.device, n), packed_int4, lora if fused else None)
+        if lora is not None and not fused:
+            out = lora_add_many(out, a2, *lora)
+        return out.reshape(*lead, p)
     cfg = config or pick_config("dx" if dx else "fwd", m, a.device, a.dtype, r if fast_int4(w, a.dtype) else 0)
     n_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(p, cfg.block_p)
     split = auto_split(cfg, n_tiles, r, a.device)

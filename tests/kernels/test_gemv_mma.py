@@ -151,6 +151,33 @@ def test_gpu_dispatch_lora_and_graph_replay():
 
 
 @gpu
+@pytest.mark.parametrize("m", [2, 9, 16])
+def test_gpu_dispatch_by_rows_and_weight_size(m, monkeypatch):
+    """configs.pick_gemv's choice as dense_gemm runs it: at 9-16 rows the mma GEMV takes small weights (Qwen3-30B-A3B
+    o: one row tile a warp, too few rows for two) and wgmma_int4 the rest; at 2-8 rows tall matrices take two row
+    tiles a warp. Each result against the fp64 oracle, with adapters added after the launch."""
+    ran = []
+    real = gemm.gemv
+    monkeypatch.setattr(gemm, "gemv", lambda *a, **kw: ran.append(a[3]) or real(*a, **kw))
+    sms = configs.sm_count(torch.device("cuda"))
+    small, tall = (2048, 4096), (max(16384, 32 * sms), 2048)
+    # (two row tiles for the small one at 9-16 rows only on GPUs of at most 128 SMs: half a program per SM)
+    small_cfg = configs._GEMV_MMA_TWO_ROWTILES if m > 8 and 2 * small[0] >= 32 * sms else configs._GEMV_MMA
+    expect = {small: small_cfg, tall: configs._GEMV_MMA_TWO_ROWTILES if m <= 8 else None}
+    for (n, k), cfg in expect.items():
+        packed, w = random_weight("int4", (n, k), seed=9, device="cuda")
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        delta = _adapters((n,), k, 8, torch.bfloat16)
+        delta = LoraDelta([t.cuda() for t in delta.a], [t.cuda() for t in delta.b], delta.scale)
+        ran.clear()
+        y = kernels.dequant_linear(x, "int4", packed, lora=delta)
+        assert ran == ([cfg] if cfg else []), (n, k, m)  # []: wgmma_int4 ran
+        ref, mag = _oracle(x.double().cpu(), w.cpu(), LoraDelta([t.cpu() for t in delta.a],
+                                                               [t.cpu() for t in delta.b], delta.scale))  # fmt: skip
+        assert_within(y.cpu(), ref, 2.0**-7 * (mag + ref.abs()))
+
+
+@gpu
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_gpu_lora_in_the_launch_at_several_rows(m):
     n, k, ns = 3072, 2048, (2048, 512, 512)
