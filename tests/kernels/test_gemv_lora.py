@@ -104,7 +104,7 @@ def test_the_mma_gemv_takes_the_adapters_into_its_launch_at_one_row_and_long_k_o
     K = 4096 and leave 2-8 rows and shorter K to lora_add_many (measured slower fused, bench/RESULTS.md); the tile
     kernels fuse at every M and K."""
     configs = kernels.configs
-    mma = [configs._GEMV_MMA, configs._GEMV_MMA_LONG_K, configs._GEMV_MMA_ONE_TILE]
+    mma = [configs._GEMV_MMA, configs._GEMV_MMA_LONG_K, configs._GEMV_MMA_ONE_TILE, configs._GEMV_MMA_TWO_ROWTILES]
     for cfg in mma:  # rows: K = 2048, 4096, 16384; columns: M = 1, 2, 8
         got = [[configs.fuse_lora(m, k, cfg) for m in (1, 2, 8)] for k in (2048, 4096, 16384)]
         assert got == [[False, False, False], [True, False, False], [True, False, False]], cfg
