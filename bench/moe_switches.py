@@ -1,6 +1,7 @@
-"""The kernels' A/B switches shared by bench/rollout.py and bench/rl_step.py (MoE kernels, and the dense warpgroup-MMA
-GEMM): each flag puts one kernel back to what ran before it (torch's ops, or the kernel it replaced), for this
-process; flags marked "candidate" instead turn on a change not yet measured, so that one run can A/B it."""
+"""The kernels' A/B switches shared by bench/rollout.py and bench/rl_step.py (MoE kernels, the dense warpgroup-MMA
+GEMM and the decode GEMV's dispatch): each flag puts one kernel back to what ran before it (torch's ops, or the kernel
+it replaced), for this process; flags marked "candidate" instead turn on a change not yet measured, so that one run
+can A/B it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ SWITCHES = {
     "--no-wgmma-rows": ("orbit_lightning.kernels.wgmma_int4", "MAX_ROWS", 64,
                         "dense int4 past 64 rows: dequantize + cuBLAS (and the tile kernel), not wgmma_int4's wider "
                         "tiles (pick_tile)"),
+    "--old-mma-dispatch": ("orbit_lightning.kernels.configs", "MMA_SHAPE_DISPATCH", False,
+                           "dense int4 decode: 2-8 rows on one row tile a warp on tall matrices too, and 9-16 rows "
+                           "of small weights on wgmma_int4, not the mma GEMV (the dispatch before the twenty-fifth "
+                           "session)"),
     "--fuse-wide": ("orbit_lightning.quant.fusion", "DECODE_ROWS", 1024,
                     "candidate: q/k/v and gate/up as one stacked matmul up to 1024 rows (no autograd), not 64 "
                     "(qwen3-8b, batch 128 / 256: within noise, sixteenth session)"),

@@ -201,6 +201,7 @@ _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per
 # 8.8 us; Qwen3-30B-A3B o, N = 2048 (64 programs of 32 rows), takes one row tile: 8.5 -> 6.8).
 _GEMV_MMA_TWO_ROWTILES = replace(_GEMV_MMA, block_n=32, programs_per_sm=16)
 MMA_SMALL_WEIGHT = 1 << 24  # N * K up to which the mma GEMV serves 9-16 rows instead of wgmma_int4 (4096 x 4096)
+MMA_SHAPE_DISPATCH = True  # False: both rules above off, the dispatch before them (bench --old-mma-dispatch A/B)
 
 
 def _mma_config(m: int, w: PackedWeight, device: torch.device) -> GemvConfig:
@@ -208,7 +209,7 @@ def _mma_config(m: int, w: PackedWeight, device: torch.device) -> GemvConfig:
     if w.k >= 16384:
         return _GEMV_MMA_LONG_K
     two = w.n >= 16384 or (m > MMA_MAX_M and 2 * w.n >= _GEMV_MMA_TWO_ROWTILES.block_n * sm_count(device))
-    return _GEMV_MMA_TWO_ROWTILES if m > 1 and two else _GEMV_MMA
+    return _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and m > 1 and two else _GEMV_MMA
 
 
 def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,
@@ -223,7 +224,7 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if w is not None and (m <= MMA_MAX_M or w.n * w.k <= MMA_SMALL_WEIGHT):
+    if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and w.n * w.k <= MMA_SMALL_WEIGHT)):
         for cfg in (_mma_config(m, w, device), _GEMV_MMA_ONE_TILE):
             if mma_ok(w, cfg):
                 return cfg
