@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernel and of the one-pass int4 dequantize, on the GPU machine.
 
     python bench/gemv_sweep.py [--budget SECONDS] [--sections dequant,train,gemv,final,tma,lora,mma,m16x,
-                                                         m16mt,m16rw,mt4,epilogue]
+                                                         m16mt,shapes,epilogue]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph
 cold-L2 times (graph_us), each output checked against an fp32 reference; per-variant geomean speedups
@@ -11,10 +11,10 @@ dequant: old vs new kernels.dequantize timed with do_bench and graph_us (the dif
 that do_bench cannot hide), host cost per call on a tiny weight and its parts, int4 tile variants, and
 a device copy / fill for the bandwidth ceiling. train: dequantize + cuBLAS vs bf16, fwd + dX, M = 4096.
 mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs. m16mt: the mma kernel at 9 and 16
-rows with 1 or 2 row tiles per warp, against the dispatch; m16rw: at 8, 9 and 16 rows with row warps and activations
-loaded at their step, against the dispatch; mt4: at 1, 8 and 16 rows with four row tiles per warp. epilogue: the mma
-GEMV's direct store against its tile epilogue. m16x: the M = 16 kernels with 16 activation rows and with one row 16
-times (stride 0), and M = 1.
+rows with 1 or 2 row tiles per warp, against the dispatch; shapes: the shipped mma configs at 1, 8, 9 and 16 rows
+against the dispatch. epilogue: the mma GEMV's direct store against its
+tile epilogue. m16x: the M = 16 kernels with 16
+activation rows and with one row 16 times (stride 0), and M = 1.
 """
 
 from __future__ import annotations
@@ -170,35 +170,14 @@ def section_m16mt(deadline: float) -> None:
     section_gemv(deadline, {9: variants, 16: variants}, dispatched=True)
 
 
-def section_m16rw(deadline: float) -> None:
-    """8, 9 and 16 rows on the mma GEMV with row warps (GemvConfig.row_warps: warps on distinct rows over the same K
-    runs, so that L1 serves one program's warps each K tile's activations from one L2 read) and activations loaded
-    at their step (x_ahead=False, which frees the registers for two K tiles a step at 9-16 rows), against the
-    dispatched kernel (wgmma_int4 from 9 rows) in the same run. m16x measured the activations' L2 reads and the one
-    K tile per step at about half the 16-row mma kernel's gap to M = 1 each (bench/RESULTS.md)."""
-    base = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
-    picks = [(16, 8, 24, 2, 1, True), (16, 8, 24, 2, 1, False), (16, 8, 24, 2, 2, False), (16, 8, 24, 2, 4, True),
-             (16, 8, 24, 2, 4, False), (16, 8, 24, 2, 8, False), (16, 16, 24, 2, 4, False), (16, 16, 24, 2, 8, False),
-             (16, 8, 8, 2, 4, False), (16, 8, 48, 2, 4, False), (16, 8, 24, 1, 4, False), (32, 8, 16, 2, 1, True),
-             (32, 8, 16, 2, 2, False), (32, 8, 16, 2, 4, True), (32, 8, 16, 2, 4, False)]  # fmt: skip
-    variants = {f"mma{bn}w{nw}r{rw}{'' if xa else 'xs'}/p{pps}/t{u}": replace(
-        base, block_n=bn, num_warps=nw, programs_per_sm=pps, mma_tiles=u, row_warps=rw, x_ahead=xa)
-        for bn, nw, pps, u, rw, xa in picks}  # fmt: skip
-    section_gemv(deadline, {8: variants, 9: variants, 16: variants}, dispatched=True)
-
-
-def section_mt4(deadline: float) -> None:
-    """1, 8 and 16 rows on the mma GEMV with four row tiles per warp (block_n 64): each activation register a warp
-    loads serves 64 weight rows instead of 16 or 32, which m16rw's row warps tried to get from L1 and lost (the
-    twenty-fifth session), against the shipped one- and two-tile configs and the dispatch in the same run."""
-    base = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
-    picks = [(16, 8, 24, 2, True), (32, 8, 16, 2, True), (64, 4, 8, 1, True), (64, 8, 8, 1, True),
-             (64, 8, 16, 1, True), (64, 8, 24, 1, True), (64, 16, 16, 1, True), (64, 16, 32, 1, True),
-             (64, 8, 16, 2, True), (64, 8, 16, 1, False), (64, 8, 16, 2, False), (64, 8, 8, 2, False)]
-    variants = {f"mma{bn}w{nw}{'' if xa else 'xs'}/p{pps}/t{u}": replace(
-        base, block_n=bn, num_warps=nw, programs_per_sm=pps, mma_tiles=u, x_ahead=xa)
-        for bn, nw, pps, u, xa in picks}  # fmt: skip
-    section_gemv(deadline, {1: variants, 8: variants, 16: variants}, dispatched=True)
+def section_shapes(deadline: float) -> None:
+    """The mma GEMV's shipped configs at 1, 8, 9 and 16 rows against the dispatch in the same run: the data behind
+    configs.pick_gemv's choice by rows and weight shape (one or two row tiles a warp; the mma GEMV or wgmma_int4 at
+    9-16 rows). Row warps and four row tiles a warp, tried in the twenty-third to twenty-fifth sessions, lost
+    everywhere (bench/RESULTS.md)."""
+    variants = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
+                "long-k": configs._GEMV_MMA_LONG_K}
+    section_gemv(deadline, {m: variants for m in (1, 8, 9, 16)}, dispatched=True)
 
 
 def section_epilogue(deadline: float) -> None:
@@ -586,7 +565,7 @@ def section_regs(deadline: float) -> None:
                 capped = replace(cfg, maxnreg=80)
                 ref, bound = reference(x, wdq)
                 bf = graph_us(F.linear, x, wbf)
-                nw = gemv_mma.mma_split(cfg, n, k, sms)[1]
+                nw = gemv_mma.warps_for(cfg, n // cfg.block_n, k, sms)
                 for lora in (False, True):
                     d = delta if lora else None
                     want = ref + 2.0 * (x.float() @ a.float().T) @ b.float().T if lora else ref
@@ -617,8 +596,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
                 "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x,
-                "m16mt": section_m16mt, "m16rw": section_m16rw, "mt4": section_mt4, "epilogue": section_epilogue,
-                "regs": section_regs}
+                "m16mt": section_m16mt, "shapes": section_shapes, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

@@ -27,7 +27,7 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import TILE_K, sm_count
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import SLICE_ONE_ROW, LoraDelta, rank_slices
-from orbit_lightning.kernels.gemv_mma import launch_config, mma_split
+from orbit_lightning.kernels.gemv_mma import mma_split
 from orbit_lightning.kernels.timeline import CYCLES, ENTRY_NS, EXIT_NS, SLOTS
 
 from orbit_lightning.quant.formats import get_format
@@ -64,7 +64,7 @@ def one_run(x, w, cfg, delta, flush, hz) -> dict:
         # (the mma kernel's rank programs take one slice per warp of its programs: gemv_mma.py)
         one_row = SLICE_ONE_ROW
         if cfg.mma:
-            one_row = TILE_K * mma_split(launch_config(cfg, w.n, delta), w.n, x.shape[1], sm_count(x.device))[1]
+            one_row = TILE_K * mma_split(cfg, w.n, x.shape[1], sm_count(x.device))[1]
         n_rank = len(delta.a) * rank_slices(x.shape[0], x.shape[1], one_row)
     weights = slice(n_rank, None)
     loop_cycles = st[weights, CYCLES + 2] - st[weights, CYCLES]  # slot 5: the loop's end (the pointer kernel only)

@@ -122,12 +122,6 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
-    # Warps of a program on distinct rows over the same K run (block_n rows each, a program block_n * row_warps):
-    # they read the same activations at about the same time, so L2 sends each K tile's once per program rather than
-    # once per block_n rows. Dense only, where the row blocks divide N, without LoRA and with the direct store
-    # (gemv_mma.launch_config; else 1).
-    row_warps: int = 1
-    x_ahead: bool = True  # activations load a step ahead, as the weights do; False: at their step (from L1)
 
     @property
     def launch_options(self) -> dict:
@@ -143,11 +137,8 @@ class GemvConfig:
             raise ValueError("GemvConfig with dot=True needs block_m and block_n >= 16 (tl.dot minimum)")
         if self.block_k < 32:
             raise ValueError(f"GemvConfig.block_k must be >= 32, got {self.block_k}")
-        if self.mma and self.block_n not in (16, 32, 64):
-            raise ValueError(f"GemvConfig with mma=True takes block_n 16, 32 or 64, got {self.block_n}")
-        if self.row_warps not in (1, 2, 4, 8) or self.row_warps > self.num_warps:
-            raise ValueError(f"GemvConfig.row_warps must be 1, 2, 4 or 8 and at most num_warps ({self.num_warps}), "
-                             f"got {self.row_warps}")
+        if self.mma and self.block_n not in (16, 32):
+            raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
         if self.mma_tiles not in (1, 2, 4) or self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
         if self.k_iters < 0 or self.programs_per_sm < 1:
@@ -194,11 +185,12 @@ MMA_MAX_M = 8
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
-# Two row tiles per warp beyond one row (bench/gemv_sweep.py --sections m16rw and mt4, H200, twenty-fifth session, two
-# runs each): at 2-8 rows on tall matrices (N >= 16384) Qwen3-8B gate_up 27.1 -> 23.4 us, DeepSeek-V3 q_b 11.8 ->
-# 10.7, its MLP gate_up 65.4 -> 55.8 (at M = 1 a tie or slower: M = 1 keeps _GEMV_MMA); and at 9-16 rows on small
-# weights, where wgmma_int4's fill and split-K tail dominate, with half a program per SM or more (Qwen3-8B o 10.7 ->
-# 8.8 us; Qwen3-30B-A3B o, N = 2048 (64 programs of 32 rows), takes one row tile: 8.5 -> 6.8).
+# Two row tiles per warp beyond one row (H200, twenty-fifth session; two runs each of 9ac814a's gemv_sweep m16rw and
+# mt4 sections, and `bench/gemv_sweep.py --sections shapes` measures the shipped configs against the dispatch): at
+# 2-8 rows on tall matrices (N >= 16384) Qwen3-8B gate_up 27.1 -> 23.4 us, DeepSeek-V3 q_b 11.8 -> 10.7, its MLP
+# gate_up 65.4 -> 55.8 (at M = 1 a tie or slower: M = 1 keeps _GEMV_MMA); and at 9-16 rows on small weights, where
+# wgmma_int4's fill and split-K tail dominate, with half a program per SM or more (Qwen3-8B o 10.7 -> 8.8 us;
+# Qwen3-30B-A3B o, N = 2048 (64 programs of 32 rows), takes one row tile: 8.5 -> 6.8).
 _GEMV_MMA_TWO_ROWTILES = replace(_GEMV_MMA, block_n=32, programs_per_sm=16)
 MMA_SMALL_WEIGHT = 1 << 24  # N * K up to which the mma GEMV serves 9-16 rows instead of wgmma_int4 (4096 x 4096)
 MMA_SHAPE_DISPATCH = True  # False: both rules above off, the dispatch before them (bench --old-mma-dispatch A/B)

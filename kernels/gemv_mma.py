@@ -7,8 +7,7 @@ programs, whose partials, ticket and final sum add a 2.5-3.3 us tail to every la
 - Every tensor has one element per thread (shape [32 * NW], a 1-D range, which Triton lays out one element per
   thread in thread order; tests/kernels/test_compile_sm90.py checks it), so a tensor is a register, and inline PTX
   moves exactly the data each lane's mma operands need.
-- Warp w of a program covers row block w % RW of the program's (16 * MT rows: MT mma row tiles, RW row blocks;
-  GemvConfig.row_warps) over K run w // RW, a run of K tiles of 128.
+- Warp w of a program covers the program's 16 * MT rows (MT mma row tiles) over its run of K tiles of 128.
   Lane (g, t) = (lane // 4, lane % 4) loads 16 bytes of words of rows g and g + 8 of each row tile (K 32t to
   32t + 31 of the tile: one scale group, so one scale per row), and x[row g (+ 8)][32t .. 32t + 31]: activation
   row g is the mma's column g, so M <= 8 is one n8 tile (the weight work of M = 1) and M <= 16 two.
@@ -31,8 +30,6 @@ summation. The LoRA epilogue (the adapters in the same launch, gemv_lora.py) is 
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import triton
 import triton.language as tl
@@ -245,31 +242,23 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 
 @triton.jit
 def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
-                 MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
-                 XA: tl.constexpr = True):  # fmt: skip
+                 MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles from k_lo: W rows of
     w_rows / s_rows (byte addresses of each row tile's row g) times the NT activation row tiles x_rows (x_ok: rows
-    that exist). nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait).
-    XA: the activations load a step ahead, as the weights do; else at the top of their own step (16 NT U registers
-    fewer, for reads that L1 serves: see GemvConfig.x_ahead)."""
-    one = tl.full((32 * NW,), 1, tl.int32)
+    that exist). nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
+    ok = tl.full((32 * NW,), 1, tl.int32)
     k_hi = k_lo + tiles_per_warp * _TILE_K
-    if XA:
-        x_nxt = _load_xs(x_rows, x_ok, k_lo, one, U, NT)
+    x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
     acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
     # 128 contiguous bytes (two 64-byte halves of a line) in one step.
     for i in range(0, tiles_per_warp, U):
         k1 = k_lo + (i + U) * _TILE_K
         cur = nxt
-        if XA:
-            xv = x_nxt
-        else:
-            xv = _load_xs(x_rows, x_ok, k_lo + i * _TILE_K, one, U, NT)
+        xv = x_nxt
         ok = (k1 < k_hi).to(tl.int32)
         nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
-        if XA:
-            x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
+        x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
         acc = mma_step(acc, cur, xv, MT, NT, U)
     return acc
 
@@ -291,15 +280,14 @@ def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr):
 
 
 @triton.jit
-def _warp_reduce(c0, c1, c2, c3, NW: tl.constexpr, RW: tl.constexpr = 1):
+def _warp_reduce(c0, c1, c2, c3, NW: tl.constexpr):
     """One row tile x one n8 tile of the result summed over the program's warps (their K ranges) in a fixed order, as
-    128 values per row block (RW of them, warp w holding block w % RW): lane (g, t) holds rows g (c0, c1) and g + 8
-    (c2, c3) at activation rows 2t (c0, c2) and 2t + 1 (c1, c3), and value 4 (4g + t) + 2e + h of a block is row
-    g + 8h at activation row 2t + e. The four registers go through one reduction: Triton lowers each cross-warp sum
-    to shared-memory round trips between CTA barriers, so a reduction per register paid them four times (19 CTA
-    barriers in the M = 1 epilogue before, 9 now, sm_90 PTX)."""
+    128 values: lane (g, t) holds rows g (c0, c1) and g + 8 (c2, c3) at activation rows 2t (c0, c2) and 2t + 1 (c1,
+    c3), and value 4 (4g + t) + 2e + h is row g + 8h at activation row 2t + e. The four registers go through one
+    reduction: Triton lowers each cross-warp sum to shared-memory round trips between CTA barriers, so a reduction
+    per register paid them four times (19 CTA barriers in the M = 1 epilogue before, 9 now, sm_90 PTX)."""
     c = tl.join(tl.join(c0, c1), tl.join(c2, c3))  # [NW * 32, 2 e, 2 h]
-    return tl.sum(tl.reshape(c, (NW // RW, RW * 128)), axis=0)
+    return tl.sum(tl.reshape(c, (NW, 128)), axis=0)
 
 
 @triton.jit
@@ -310,12 +298,11 @@ def _gather(c0, c1, c2, c3, NW: tl.constexpr):
 
 
 @triton.jit
-def _store_reduced(y, out_ptr, row0, col0, M, stride_om, BLOCK_STRIDE: tl.constexpr):
-    """Store _warp_reduce's values y, out^T rows row0 + 0..15 (+ BLOCK_STRIDE b in row block b) at activation rows
-    col0 + 0..7, where the activation row is below M: no tile is assembled (the LoRA epilogue, which works on tiles,
-    takes _gather)."""
-    i = tl.arange(0, y.shape[0])
-    row = row0 + (i // 128) * BLOCK_STRIDE + (i % 128) // 16 + 8 * (i % 2)
+def _store_reduced(y, out_ptr, row0, col0, M, stride_om):
+    """Store _warp_reduce's values y, out^T rows row0 + 0..15 at activation rows col0 + 0..7, where the activation
+    row is below M: no tile is assembled (the LoRA epilogue, which works on tiles, takes _gather)."""
+    i = tl.arange(0, 128)
+    row = row0 + i // 16 + 8 * (i % 2)
     col = col0 + 2 * ((i // 4) % 4) + (i // 2) % 2
     tl.store(out_ptr + col.to(tl.int64) * stride_om + row, y.to(out_ptr.dtype.element_ty), mask=col < M)
 
@@ -335,11 +322,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      stride_sn, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt,
                      lcnt, stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr,
                      LOAD: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
-                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr, DIRECT: tl.constexpr,
-                     RW: tl.constexpr, XA: tl.constexpr):  # fmt: skip
-    BN: tl.constexpr = 16 * MT * RW
-    tl.static_assert(RW == 1 or (DIRECT and not LORA), "row warps take the direct store, without LoRA")
-    tl.static_assert(MT <= 2 or (DIRECT and not LORA), "four row tiles take the direct store, without LoRA")
+                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+    BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
     if is_rank:
@@ -351,10 +335,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         lane = tl.arange(0, 32 * NW)
         warp = lane // 32
         g = (lane % 32) // 4
-        # warp w: row block w % RW over K run w // RW (the host picks warps that divide K's tiles)
-        k_lo = (warp // RW) * (tiles_per_warp * _TILE_K)
-        w_rows, s_rows = row_addresses(w_ptr, s_ptr, pid_n * BN + (warp % RW) * (16 * MT) + g, stride_wn, stride_sn,
-                                       MT)  # fmt: skip
+        k_lo = warp * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
+        w_rows, s_rows = row_addresses(w_ptr, s_ptr, pid_n * BN + g, stride_wn, stride_sn, MT)
         x_rows, x_ok = activation_rows(x_ptr, g, M, stride_xm, NT)
         ok = tl.full((32 * NW,), 1, tl.int32)
         # frozen weights: loaded before the PDL wait
@@ -363,7 +345,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
-                           MT, NT, U, LOAD, NW, XA)
+                           MT, NT, U, LOAD, NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -387,38 +369,30 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
             for m in tl.static_range(MT):
                 c = acc[m]
                 for j in tl.static_range(NT):
-                    _store_reduced(_warp_reduce(c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3], NW, RW), out_ptr,
-                                   pid_n * BN + 16 * m, 8 * j, M, stride_om, 16 * MT)
+                    _store_reduced(_warp_reduce(c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3], NW), out_ptr,
+                                   pid_n * BN + 16 * m, 8 * j, M, stride_om)
     lora_leave(lt, arrived, LORA)
     stamp(stamp_ptr, tl.program_id(0), 6, STAMPS)  # (exit in cycles: tails on one clock, bench/gemv_timeline.py)
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
 
 
 def warps_for(cfg: GemvConfig, programs: int, k: int, sms: int) -> int:
-    """Warps per program: cfg.row_warps row blocks, each over the K tiles split evenly between the fewest powers of
-    two of warps (cfg.mma_tiles tiles at a time) that give about cfg.programs_per_sm warps per SM over `programs`
-    programs, at most cfg.num_warps in all, dividing the K tiles."""
+    """Warps per program, each taking an equal run of K tiles (cfg.mma_tiles at a time): the fewest powers
+    of two that give about cfg.programs_per_sm warps per SM over `programs` programs, at most cfg.num_warps,
+    dividing the K tiles."""
     want = -(-cfg.programs_per_sm * sms // programs)
     tiles = k // TILE_K // cfg.mma_tiles
-    nw = cfg.row_warps
-    while nw < want and nw * 2 <= cfg.num_warps and tiles % (nw // cfg.row_warps * 2) == 0:
+    nw = 1
+    while nw < want and nw * 2 <= cfg.num_warps and tiles % (nw * 2) == 0:
         nw *= 2
     return nw
 
 
-def launch_config(cfg: GemvConfig, n: int, lora: LoraDelta | None = None) -> GemvConfig:
-    """cfg as the dense kernel runs it on N weight rows: row warps only where their row blocks divide N, without
-    LoRA and with the direct store (the LoRA epilogue works on tiles of one row block)."""
-    if cfg.row_warps > 1 and (lora is not None or not configs.MMA_DIRECT_STORE or n % (cfg.block_n * cfg.row_warps)):
-        return replace(cfg, row_warps=1)
-    return cfg
-
-
 def mma_split(cfg: GemvConfig, n: int, k: int, sms: int) -> tuple[int, int, int]:
-    """(programs, warps per program, K tiles per warp) of the dense kernel for N x K weights at a launch_config."""
-    programs = n // (cfg.block_n * cfg.row_warps)
+    """(programs, warps per program, K tiles per warp) of the dense kernel for N x K weights."""
+    programs = n // cfg.block_n
     nw = warps_for(cfg, programs, k, sms)
-    return programs, nw, k // TILE_K // (nw // cfg.row_warps)
+    return programs, nw, k // TILE_K // nw
 
 
 def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, lora: LoraDelta | None = None,
@@ -427,19 +401,15 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
     boundaries and `configs.mma_ok` weights; the arguments are gemv.gemv's."""
     m, k = x.shape
     n = w.n
-    cfg = launch_config(cfg, n, lora)
     n_tiles, nw, tiles_per_warp = mma_split(cfg, n, k, sm_count(x.device))
-    # Two n8 tiles of activation rows (M > 8) take one K tile per step when the activations load a step ahead, and
-    # at most two when they load at their step: more would spill (compile test). Rank programs (LoRA) of NW warps
-    # take NW times the one-warp slice: fewer of them hold SM slots.
-    u = cfg.mma_tiles if m <= 8 else 1 if cfg.x_ahead else min(cfg.mma_tiles, 2)
-    launch = launch_args(x, n, lora, 16, cfg.block_n * cfg.row_warps, lambda: tickets(N_COUNTERS), n_tiles, stamps,
-                         TILE_K * nw)  # fmt: skip
+    # Two n8 tiles of activation rows (M > 8) take one K tile per step: two would spill (compile test).
+    # Rank programs (LoRA) of NW warps take NW times the one-warp slice: fewer of them hold SM slots.
+    launch = launch_args(x, n, lora, 16, cfg.block_n, lambda: tickets(N_COUNTERS), n_tiles, stamps, TILE_K * nw)
     pdl = use_pdl(x.device)
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, w.values.stride(0),
-        w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2, U=u,
-        LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl, launch_pdl=pdl, num_warps=nw,
-        DIRECT=configs.MMA_DIRECT_STORE, RW=cfg.row_warps, XA=cfg.x_ahead, **launch.constexprs, **cfg.launch_options,
+        w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
+        U=cfg.mma_tiles if m <= 8 else 1, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
+        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out

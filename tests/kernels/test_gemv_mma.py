@@ -16,7 +16,7 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import LoraDelta
-from orbit_lightning.kernels.gemv_mma import launch_config, mma_split, warps_for
+from orbit_lightning.kernels.gemv_mma import mma_split, warps_for
 
 from orbit_lightning import kernels
 from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
@@ -32,13 +32,7 @@ def test_warps_split_k_evenly_and_fill_the_sms():
     assert warps_for(cfg, 1 << 15, 4096, 132) == 1  # enough programs already
     assert warps_for(cfg, 1, 128, 132) == 1  # one K tile
     assert warps_for(replace(cfg, mma_tiles=4), 4096 // 32, 1536, 132) == 1  # 3 steps of 4 tiles
-    rows = replace(cfg, row_warps=4)  # 4 row blocks, then K splits: 48 programs want 33 warps each
-    assert warps_for(rows, 6144 // 128, 4096, 132) == 8
-    assert warps_for(rows, 24576 // 128, 4096, 132) == 8  # want 9: the cap
-    assert warps_for(replace(rows, num_warps=16), 24576 // 128, 4096, 132) == 16
-    assert warps_for(rows, 1 << 15, 4096, 132) == 4  # never fewer than the row blocks
-    with pytest.raises(ValueError, match="row_warps"):
-        GemvConfig(16, 16, 128, mma=True, num_warps=2, row_warps=4)
+    assert mma_split(cfg, 6144, 4096, 132) == (192, 8, 4)  # 32-row programs, 8 warps of 4 K tiles each
     with pytest.raises(ValueError, match="block_n 16 or 32"):
         GemvConfig(16, 64, 128, mma=True)
     with pytest.raises(ValueError, match="mma_tiles"):
@@ -53,15 +47,10 @@ def test_the_mma_kernel_serves_only_what_it_reads():
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
     assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
-    # Row warps where their blocks divide N (64 rows: 4 blocks of 16, not 8)
-    assert configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, num_warps=8, row_warps=8))
-    assert launch_config(replace(cfg, row_warps=4), 64).row_warps == 4
-    assert launch_config(replace(cfg, row_warps=8), 64).row_warps == 1
-    assert launch_config(replace(cfg, row_warps=4), 64, _adapters((64,), 256, 4, torch.bfloat16)).row_warps == 1
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "four-rowtiles"])
+@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -70,7 +59,6 @@ def test_mma_gemv_under_the_interpreter(case):
         "two-rowtiles": (96, 512, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2), "int4"),
         "g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g128"),
         "one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1), "int4"),
-        "four-rowtiles": (128, 512, GemvConfig(16, 64, 128, mma=True, num_warps=2, mma_tiles=2), "int4"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -101,9 +89,6 @@ CASES = {  # name: (format, N, K, config)
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
-    "row-warps-x-at-step": ("int4", 6144, 4096, replace(_MMA, row_warps=4, x_ahead=False)),
-    "four-rowtiles": ("int4", 7168, 2048, replace(_MMA, block_n=64, programs_per_sm=16)),
-    "four-rowtiles-x-at-step": ("int4", 1024, 4096, replace(_MMA, block_n=64, num_warps=16, x_ahead=False)),
 }
 
 
@@ -247,36 +232,3 @@ def test_direct_store_gives_the_tile_epilogues_bits(monkeypatch):
 @gpu
 def test_gpu_direct_store_gives_the_tile_epilogues_bits(monkeypatch):
     _direct_store_matches_tiles("cuda", monkeypatch)
-
-
-def _row_warps_match_their_k_split(device):
-    """Warps on distinct rows (GemvConfig.row_warps) over the same K runs, with the activations loaded a step ahead
-    or at their step, give the bits of the kernel without row warps whose K runs are the same (two per row here):
-    each row's products and sums happen in one order either way. Nothing past M is written (a NaN-filled output)."""
-    n, k = 128, 512
-    packed, _ = random_weight("int4", (n, k), seed=8, device=device)
-    wk = resolve("int4", packed, stacked=False)
-    tickets = _tickets if device == "cuda" else _cpu_tickets
-    plain = GemvConfig(16, 16, 128, mma=True, num_warps=2, programs_per_sm=64, mma_tiles=2)
-    variants = [replace(plain, num_warps=4, row_warps=2), replace(plain, num_warps=8, row_warps=4, x_ahead=False),
-                replace(plain, block_n=32, num_warps=8, row_warps=4, x_ahead=False)]  # (2 row tiles per warp)
-    for cfg in [plain, *variants]:
-        assert configs.mma_ok(wk, cfg) and launch_config(cfg, n) == cfg, cfg  # (else the tile kernel would run)
-        assert mma_split(cfg, n, k, 132)[1] == 2 * cfg.row_warps, cfg
-    for m in (5, 9):  # one n8 tile of activation rows (partial), two (the second partial)
-        x = torch.randn(m, k, device=device).bfloat16()
-        want = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16, device=device), plain, tickets, True)
-        for cfg in variants:
-            y = torch.full((m + 1, n), float("nan"), dtype=torch.bfloat16, device=device)
-            gemv.gemv(x, wk, y[:m], cfg, tickets, True)
-            assert y[m].isnan().all() and torch.equal(y[:m], want), (m, cfg)
-
-
-@pytest.mark.usefixtures("cpu_kernels")
-def test_row_warps_give_the_bits_of_their_k_split():
-    _row_warps_match_their_k_split("cpu")
-
-
-@gpu
-def test_gpu_row_warps_give_the_bits_of_their_k_split():
-    _row_warps_match_their_k_split("cuda")

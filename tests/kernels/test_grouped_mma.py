@@ -30,11 +30,6 @@ def test_the_grouped_mma_kernel_reads_only_stacked_int4_in_whole_steps():
         assert configs.mma_ok(resolve(fmt, packed, stacked=stacked), cfg, stacked=True) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (4, 48, 384), seed=0)
     assert configs.mma_ok(resolve("int4", packed, stacked=True), configs._GROUPED_MMA_NARROW[1], stacked=True)
-    # Row warps are the dense kernel's: its K split per warp would skip tiles here
-    w = resolve("int4", random_weight("int4", (4, 64, 256), seed=0)[0], stacked=True)
-    x = torch.zeros(4, 256, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="row_warps"):
-        grouped_mma(x, torch.tensor([0, 1, 2, 3, 4]), w, replace(cfg, row_warps=2))
 
 
 def _check(x, w, counts, y, rel=2.0**-8):
