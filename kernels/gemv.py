@@ -1,7 +1,8 @@
 """Bandwidth-bound small-M (decode) forward: y[M, N] = x[M, K] @ W^T for M <= 16, W packed [N, K], in Triton tiles.
 
-For int4 on bf16 at M <= 8 gemv_mma.py's per-thread mma kernel serves instead (configs.pick_gemv); these kernels
-take M 9-16, every other format, and what that one cannot read.
+For int4 on bf16 at M <= 8, and at 9-16 rows of small weights, gemv_mma.py's per-thread mma kernel serves instead
+(configs.pick_gemv; on Hopper wgmma_int4 takes the other 9-16-row cases); these kernels take every other format, M
+9-16 where neither serves, and what the mma kernel cannot read.
 
 At decode sizes the work is streaming the packed weight once, so the kernel is shaped for memory
 parallelism: small programs (one warp each, ~8-12 per SM) each decode [BN, BK] weight tiles with the
