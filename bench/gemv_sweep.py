@@ -180,17 +180,6 @@ def section_shapes(deadline: float) -> None:
     section_gemv(deadline, {m: variants for m in (1, 8, 9, 16)}, dispatched=True)
 
 
-def section_l2ahead(deadline: float) -> None:
-    """The shipped mma configs with a prefetch.global.L2 of the weight lines GemvConfig.l2_ahead steps past the ones
-    loading (no registers held, unlike a deeper load ring), at 1 and 16 rows, against the dispatch."""
-    variants = {}
-    for name, cfg in (("one", configs._GEMV_MMA), ("two", configs._GEMV_MMA_TWO_ROWTILES),
-                      ("longk", configs._GEMV_MMA_LONG_K)):
-        for pf in (0, 1, 2, 4, 8):
-            variants[f"{name}-pf{pf}"] = replace(cfg, l2_ahead=pf)
-    section_gemv(deadline, {1: variants, 16: variants}, dispatched=True)
-
-
 def section_epilogue(deadline: float) -> None:
     """The mma GEMV's epilogue A/B (configs.MMA_DIRECT_STORE): outputs stored straight from the cross-warp sum, or
     assembled into a tile first, at M = 1, 4 and 8 on the 12 dense shapes; graph_us medians over alternating rounds
@@ -607,8 +596,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "dequant": section_dequant, "train": section_train,
                 "final": section_final, "lora": section_lora, "mma": section_mma, "m16x": section_m16x,
-                "m16mt": section_m16mt, "shapes": section_shapes, "l2ahead": section_l2ahead,
-                "epilogue": section_epilogue, "regs": section_regs}
+                "m16mt": section_m16mt, "shapes": section_shapes, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

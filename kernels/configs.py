@@ -122,7 +122,6 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
-    l2_ahead: int = 0  # steps past the loading one whose weight lines a prefetch.global.L2 asks for (0: none)
 
     @property
     def launch_options(self) -> dict:

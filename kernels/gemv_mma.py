@@ -129,23 +129,6 @@ _LOAD_X = tl.constexpr(
 )  # fmt: skip
 
 
-_PREFETCH = tl.constexpr("{\n.reg .pred p;\nsetp.ne.b32 p, $3, 0;\n@p prefetch.global.L2 [$1];\n"
-                         "@p prefetch.global.L2 [$2];\nmov.b32 $0, 0;\n}")
-
-
-@triton.jit
-def _prefetch_rows(w_rows, k, ok, stride_wn, MT: tl.constexpr):
-    """L2 prefetch of the line holding K tile k of rows g and g + 8 of each row tile (lanes t = 0, if ok): no
-    registers held, unlike a load (GemvConfig.l2_ahead)."""
-    t = tl.arange(0, w_rows[0].shape[0]) % 4
-    on = ok * (t == 0).to(tl.int32)
-    for m in tl.static_range(MT):
-        wa = w_rows[m] + k // 2
-        if not _EMULATE:
-            tl.inline_asm_elementwise(_PREFETCH, "=r,l,l,r", [wa, wa + 8 * 4 * stride_wn, on], dtype=tl.int32,
-                                      is_pure=False, pack=1)  # fmt: skip
-
-
 @triton.jit
 def _load_w_rows(w_row, s_row, k0, ok, stride_wn, stride_sn, GROUP: tl.constexpr, LOAD: tl.constexpr):
     """The lane's words and scales of rows g and g + 8 at K tile k0 (10 registers); w_row, s_row: byte addresses of
@@ -259,8 +242,7 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 
 @triton.jit
 def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
-                 MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
-                 PF: tl.constexpr = 0):  # fmt: skip
+                 MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles from k_lo: W rows of
     w_rows / s_rows (byte addresses of each row tile's row g) times the NT activation row tiles x_rows (x_ok: rows
     that exist). nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
@@ -277,9 +259,6 @@ def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride
         ok = (k1 < k_hi).to(tl.int32)
         nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
         x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
-        if PF > 0:  # the line PF steps past the one loading now, into L2
-            kp = k1 + PF * U * _TILE_K
-            _prefetch_rows(w_rows, kp, (kp < k_hi).to(tl.int32), stride_wn, MT)
         acc = mma_step(acc, cur, xv, MT, NT, U)
     return acc
 
@@ -343,8 +322,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      stride_sn, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt,
                      lcnt, stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr,
                      LOAD: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
-                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr, DIRECT: tl.constexpr,
-                     PF: tl.constexpr = 0):  # fmt: skip
+                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -367,7 +345,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
-                           MT, NT, U, LOAD, NW, PF)
+                           MT, NT, U, LOAD, NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -432,7 +410,6 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
         U=cfg.mma_tiles if m <= 8 else 1, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
-        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, PF=cfg.l2_ahead, **launch.constexprs,
-        **cfg.launch_options,
+        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out
