@@ -2,7 +2,7 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
-#   host trigger lora ktests trace rtests etests graphs wgmma)
+#   host trigger lora ktests trace rtests etests graphs wgmma ncu)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -46,6 +46,8 @@ for s in $sections; do
              for c in 4 0; do timeout 170 python3 bench/rl_step.py --shape qwen3-30b-a3b --layers 4 --prompts 8 --gens 8 \
                --new-tokens 256 --steps 3 --expert-chunk $c; done >"$OUT/rl_step_moe.log" 2>&1 ;;
     timeline) timeout 120 python3 bench/gemv_timeline.py >"$OUT/timeline.log" 2>&1 ;;
+    # Nsight Compute's counters of the decode kernels at 1, 8, 9 and 16 rows (bench/RESULTS.md, twenty-fifth session)
+    ncu)     timeout 400 python3 bench/ncu_decode.py >"$OUT/ncu.log" 2>&1 ;;
     gaps)    for steps in 8 16; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 4 16 --no-hf --decode-steps $steps --profile 8; done \
                >"$OUT/gaps.log" 2>&1 ;;
