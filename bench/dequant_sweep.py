@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import os
 import sys
 import time
@@ -31,18 +30,7 @@ bk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bk)
 graph_us, us, packed_bytes = bk.graph_us, bk.us, bk.packed_bytes
 
-_LOG = open(os.path.join(os.environ["OUT"], "dequant_sweep.log"), "w") if os.environ.get("OUT") else None
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    if _LOG:
-        _LOG.write(line + "\n")
-        _LOG.flush()
-
-
-def gm(v):
-    return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+say, gm = bk.Log("dequant_sweep.log"), bk.geomean
 
 
 def old_dequantize(packed: dict) -> torch.Tensor:

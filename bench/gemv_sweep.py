@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import os
 import sys
 import time
@@ -39,18 +38,7 @@ bk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bk)
 graph_us, us, packed_bytes = bk.graph_us, bk.us, bk.packed_bytes
 
-_LOG = open(os.path.join(os.environ["OUT"], "gemv_sweep.log"), "w") if os.environ.get("OUT") else None
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
-    if _LOG:
-        _LOG.write(line + "\n")
-        _LOG.flush()
-
-
-def gm(v):
-    return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+say, gm = bk.Log("gemv_sweep.log"), bk.geomean
 
 
 def dot_variants() -> dict[str, GemvConfig]:
@@ -287,9 +275,9 @@ def section_gemv(deadline: float, variants_by_m: dict[int, dict[str, GemvConfig]
                 vname, t = best[m][2], best[m][3]
                 say(f"{name:24} {n:6} {k:6} M={m:2} | bf16 {b16:7.1f} old {old:7.1f} ({b16 / old:4.2f}x) | best "
                     f"{vname:14} {t:7.1f} ({b16 / t:4.2f}x, {byts / t / 1e6:4.2f} TB/s)")  # fmt: skip
-    if _LOG:
-        _LOG.write("\nall timings (shape, M, variant, us):\n")
-        _LOG.write("".join(f"{r[0]} {r[1]} {r[2]} {r[3]:.2f}\n" for r in rows))
+    if say.file:
+        say.file.write("\nall timings (shape, M, variant, us):\n")
+        say.file.write("".join(f"{r[0]} {r[1]} {r[2]} {r[3]:.2f}\n" for r in rows))
     for m in ms:
         say(f"\n-- M={m}: variants by geomean speedup over bf16 (min over shapes), top 12 --")
         by_v: dict[str, list[float]] = {}

@@ -51,6 +51,24 @@ MOE = {  # model -> (experts, top_k, hidden, moe_intermediate, token counts)
 GROUPED_MM = getattr(torch, "_grouped_mm", None) or getattr(F, "grouped_mm", None)
 
 
+def geomean(values) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+class Log:
+    """say(line): print it and, with $OUT set, append it to $OUT/<name> (file: that file, or None)."""
+
+    def __init__(self, name: str):
+        out = os.environ.get("OUT")
+        self.file = open(os.path.join(out, name), "w") if out else None
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        if self.file:
+            self.file.write(line + "\n")
+            self.file.flush()
+
+
 class Report:
     """Prints rows as they are measured and keeps them for the JSON dump."""
 
@@ -59,16 +77,10 @@ class Report:
         self.deadline = time.time() + budget_s
         out = os.environ.get("OUT")
         self.out_dir = out if out else None
-        self.log = open(os.path.join(out, "kernels_bench.log"), "w") if out else None
+        self.say = Log("kernels_bench.log")
 
     def out_of_time(self) -> bool:
         return time.time() > self.deadline
-
-    def say(self, line: str) -> None:
-        print(line, flush=True)
-        if self.log:
-            self.log.write(line + "\n")
-            self.log.flush()
 
     def add(self, row: dict, line: str) -> None:
         self.rows.append(row)
@@ -435,7 +447,7 @@ def bench_midm(rep: Report) -> None:
                         f"{times[best]:7.1f} ({bf16 / times[best]:4.2f}x)")  # fmt: skip
             torch.cuda.empty_cache()
     for m in (64, 128, 256):
-        ranked = sorted(((math.exp(sum(map(math.log, v)) / len(v)), min(v), name) for (mm, name), v in ratios.items()
+        ranked = sorted(((geomean(v), min(v), name) for (mm, name), v in ratios.items()
                          if mm == m and len(v) == max(len(u) for (m2, _), u in ratios.items() if m2 == m)),
                         reverse=True)  # fmt: skip
         rep.say(f"-- M={m}: geomean (min) x over bf16, top 8: " + "; ".join(f"{n} {g:.2f} ({mn:.2f})"
@@ -443,9 +455,6 @@ def bench_midm(rep: Report) -> None:
 
 
 def summary(rep: Report) -> None:
-    def gm(v):
-        return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
-
     def best(r, base: str, paths=("int4", "dq")) -> float:
         # What quant/dispatch.py picks per shape: the fused kernel or dequantize + cuBLAS / grouped GEMM.
         return max((r[f"{base}_fwd"] + r[f"{base}_dx"]) / (r[f"{p}_fwd"] + r[f"{p}_dx"]) for p in paths
@@ -464,7 +473,7 @@ def summary(rep: Report) -> None:
                                ("MoE fwd+dX int4 / grouped_mm (>=8k tok, dispatched)", moe, ">= 0.8"),
                                ("batch-invariant fwd time / fast fwd time", inv, "cost")):
         if vals:
-            rep.say(f"{name:46} geomean {gm(vals):5.2f}  min {min(vals):5.2f}  max {max(vals):5.2f}  "
+            rep.say(f"{name:46} geomean {geomean(vals):5.2f}  min {min(vals):5.2f}  max {max(vals):5.2f}  "
                     f"target {target}")
 
 

@@ -47,6 +47,12 @@ def _bench_kernels():
     return module
 
 
+def _layers() -> dict[str, tuple[int, int]]:
+    """bench/kernels.py's dense shapes: "model.layer" -> (N, K)."""
+    dense = _bench_kernels().DENSE
+    return {f"{model}.{layer}": (n, k) for model, rows in dense.items() for layer, n, k in rows}
+
+
 def _tickets(count: int) -> torch.Tensor:
     from orbit_lightning.kernels import gemm
 
@@ -67,7 +73,7 @@ def run_cases(todo: list[tuple[str, int, str]]) -> None:
     from orbit_lightning.quant.formats import get_format
 
     bk = _bench_kernels()
-    layers = {f"{model}.{layer}": (n, k) for model, rows in bk.DENSE.items() for layer, n, k in rows}
+    layers = _layers()
     mma = {"one": configs._GEMV_MMA, "two": configs._GEMV_MMA_TWO_ROWTILES, "long-k": configs._GEMV_MMA_LONG_K}
     fmt = get_format("int4")
     calls = []
@@ -147,6 +153,10 @@ def main() -> None:
                     choices=["dispatched", "one", "two", "long-k"])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    layers = _layers()
+    unknown = [s for s in args.shapes if s not in layers]
+    if unknown:
+        sys.exit(f"bench/ncu_decode.py: unknown shape(s) {unknown}; bench/kernels.py's are: {', '.join(layers)}")
     todo = cases(args.shapes, args.m, args.configs)
     if args.child:
         run_cases(todo)

@@ -222,7 +222,7 @@ def dense_gemm(a: Tensor, w: PackedWeight, dx: bool, config: TileConfig | None =
         # its one fixed tile config for every M; pick_gemv returns None there).
         packed_int4 = fast_int4(w, a.dtype)
         gcfg = pick_gemv(m, a.device, a.dtype, packed_int4, w)
-    if config is None and not dx and not (gcfg is not None and gcfg.mma) and wgmma_serves(a2, w):
+    if config is None and not dx and not (gcfg and gcfg.mma) and wgmma_serves(a2, w):
         # 9 to wgmma_int4.MAX_ROWS rows of int4 on bf16, on Hopper: the warpgroup-MMA kernel (wgmma_int4.py), LoRA
         # added after it. At 9-16 rows it beats the decode GEMVs even with the GEMV's LoRA in its launch
         # (bench/RESULTS.md, thirteenth session), but for the small weights the mma GEMV takes (configs.pick_gemv);
