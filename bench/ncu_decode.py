@@ -107,7 +107,8 @@ def parse(text: str) -> list[dict[str, tuple[str, str]]]:
         if rec and rec[0] == "ID":
             header = {name: i for i, name in enumerate(rec)}
             continue
-        if header is None or len(rec) < len(header):
+        # (metric rows end after their value: the rule columns are present only on the detail sections' rows)
+        if header is None or len(rec) <= header["Metric Value"]:
             continue
         launch = launches.setdefault(rec[header["ID"]], {"Kernel Name": ("", rec[header["Kernel Name"]])})
         launch[rec[header["Metric Name"]]] = (rec[header["Metric Unit"]], rec[header["Metric Value"]])
