@@ -31,27 +31,24 @@ def _ptr(addr, dtype: tl.constexpr):
 
 
 @triton.jit
-def load_w_rows(row_g, row_g8, scale_g, scale_g8, ok):
+def load_w_rows(row_g, row_g8, scale_g, scale_g8):
     """gemv_mma._load_w_rows: 4 words of row g and 4 of row g + 8 (byte addresses row_g, row_g8), then their scales'
-    fp32 bit patterns (bf16 at scale_g, scale_g8); zeros unless ok."""
-    on = ok != 0
+    fp32 bit patterns (bf16 at scale_g, scale_g8)."""
     g = _ptr(row_g, tl.int32)
     h = _ptr(row_g8, tl.int32)
-    sg = tl.load(_ptr(scale_g, tl.int16), mask=on, other=0).to(tl.int32)
-    sh = tl.load(_ptr(scale_g8, tl.int16), mask=on, other=0).to(tl.int32)
-    return (tl.load(g, mask=on, other=0), tl.load(g + 1, mask=on, other=0), tl.load(g + 2, mask=on, other=0),
-            tl.load(g + 3, mask=on, other=0), tl.load(h, mask=on, other=0), tl.load(h + 1, mask=on, other=0),
-            tl.load(h + 2, mask=on, other=0), tl.load(h + 3, mask=on, other=0), (sg & 0xFFFF) << 16,
-            (sh & 0xFFFF) << 16)  # fmt: skip
+    sg = tl.load(_ptr(scale_g, tl.int16)).to(tl.int32)
+    sh = tl.load(_ptr(scale_g8, tl.int16)).to(tl.int32)
+    return (tl.load(g), tl.load(g + 1), tl.load(g + 2), tl.load(g + 3), tl.load(h), tl.load(h + 1), tl.load(h + 2),
+            tl.load(h + 3), (sg & 0xFFFF) << 16, (sh & 0xFFFF) << 16)  # fmt: skip
 
 
 @triton.jit
-def load_x(addr, ok):
-    """gemv_mma._load_x: the 16 words (bf16 pairs) from byte address addr; zeros unless ok."""
+def load_x(addr):
+    """gemv_mma._load_x: the 16 words (bf16 pairs) from byte address addr."""
     p = _ptr(addr, tl.int32)
     out = ()
     for i in tl.static_range(16):
-        out = out + (tl.load(p + i, mask=ok != 0, other=0),)
+        out = out + (tl.load(p + i),)
     return out
 
 

@@ -100,80 +100,80 @@ _TILE1 = tl.constexpr(_tile_asm(1))
 _TILE2 = tl.constexpr(_tile_asm(2))
 
 
-# Loads are predicated off only past a warp's last tile (the prefetch one step ahead), whose zeros are never read.
-# The weights' loads may carry an L2 prefetch size hint (GemvConfig.l2_prefetch): a quad of lanes asks for 64 bytes
-# of a row per K tile, and the rest of the row's line follows in the next tile.
+# No load is predicated: the main loop's last step is peeled (it loads nothing ahead), and activation rows past M
+# read row M - 1 (their columns of the products are never stored), so no register is zero-filled for a load that
+# may not happen (sm_90 SASS: 24 CS2R a step of two K tiles at M = 1). The weights' loads may carry an L2 prefetch
+# size hint (GemvConfig.l2_prefetch): a quad of lanes asks for 64 bytes of a row per K tile, and the rest of the
+# row's line follows in the next tile.
 def _load_w_asm(hint: str) -> str:
     """PTX: lane's 16 bytes of words of rows g and g + 8 ($0-$7) and their scales ($8, $9) from byte addresses
-    $10-$13, if $14."""
+    $10-$13."""
     return f"""{{
-.reg .pred p;
-setp.ne.b32 p, $14, 0;
-mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
-mov.b32 $4, 0; mov.b32 $5, 0; mov.b32 $6, 0; mov.b32 $7, 0;
-mov.b16 $8, 0; mov.b16 $9, 0;
-@p ld.global.nc.L1::no_allocate{hint}.v4.u32 {{$0, $1, $2, $3}}, [$10];
-@p ld.global.nc.L1::no_allocate{hint}.v4.u32 {{$4, $5, $6, $7}}, [$11];
-@p ld.global.nc.b16 $8, [$12];
-@p ld.global.nc.b16 $9, [$13];
+ld.global.nc.L1::no_allocate{hint}.v4.u32 {{$0, $1, $2, $3}}, [$10];
+ld.global.nc.L1::no_allocate{hint}.v4.u32 {{$4, $5, $6, $7}}, [$11];
+ld.global.nc.b16 $8, [$12];
+ld.global.nc.b16 $9, [$13];
 }}"""
 
 
 _LOAD_W = {size: _load_w_asm(f".L2::{size}B" if size else "") for size in (0, 64, 128, 256)}  # by hint bytes
 _LOAD_X = tl.constexpr(
-    "{\n.reg .pred p;\nsetp.ne.b32 p, $17, 0;\n"
-    + "".join(f"mov.b32 ${i}, 0;\n" for i in range(16))
-    + "".join(f"@p ld.global.v4.u32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [$16 + {16 * i}];\n"
+    "{\n"
+    + "".join(f"ld.global.v4.u32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [$16 + {16 * i}];\n"
               for i in range(4))
     + "}"
 )  # fmt: skip
+# Bytes one K tile advances a lane's addresses: its words, its activations, and its scales (by group size).
+_W_BYTES = tl.constexpr(TILE_K // 2)
+_X_BYTES = tl.constexpr(TILE_K * 2)
 
 
 @triton.jit
-def _load_w_rows(w_row, s_row, k0, ok, stride_wn, stride_sn, GROUP: tl.constexpr, LOAD: tl.constexpr):
-    """The lane's words and scales of rows g and g + 8 at K tile k0 (10 registers); w_row, s_row: byte addresses of
-    row g's words and scales; LOAD: a _LOAD_W text."""
-    t = tl.arange(0, w_row.shape[0]) % 4
-    kt = k0 + 32 * t
-    wa = w_row + kt // 2
-    sa = s_row + (kt // GROUP) * 2
+def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, LOAD: tl.constexpr):
+    """The lane's words and scales of rows g and g + 8 (10 registers) at byte addresses wa (row g's words) and sa (its
+    scale); rows g + 8 are constant offsets (the strides are compile-time), which ptxas folds into the loads."""
+    wb = wa + 8 * 4 * STRIDE_W
+    sb = sa + 8 * 2 * STRIDE_S
     if _EMULATE:
-        return emulate.load_w_rows(wa, wa + 8 * 4 * stride_wn, sa, sa + 8 * 2 * stride_sn, ok)
+        return emulate.load_w_rows(wa, wb, sa, sb)
     return tl.inline_asm_elementwise(
-        LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l,r",
-        [wa, wa + 8 * 4 * stride_wn, sa, sa + 8 * 2 * stride_sn, ok],
+        LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l", [wa, wb, sa, sb],
         dtype=(tl.int32,) * 8 + (tl.bfloat16,) * 2, is_pure=True, pack=1)  # fmt: skip
 
 
 @triton.jit
-def _load_x(x_row, k0, ok):
-    """x[row, k0 + 32t .. k0 + 32t + 31] for lane t as 16 bf16x2 registers (zeros unless ok); x_row: byte address of
-    the lane's activation row."""
-    t = tl.arange(0, x_row.shape[0]) % 4
+def _load_x(xa):
+    """The lane's 32 activations at byte address xa as 16 bf16x2 registers."""
     if _EMULATE:
-        return emulate.load_x(x_row + (k0 + 32 * t) * 2, ok)
-    return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l,r", [x_row + (k0 + 32 * t) * 2, ok],
-                                     dtype=(tl.int32,) * 16, is_pure=True, pack=1)  # fmt: skip
+        return emulate.load_x(xa)
+    return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l", [xa], dtype=(tl.int32,) * 16, is_pure=True,
+                                     pack=1)  # fmt: skip
 
 
 @triton.jit
-def _load_weights(w_rows, s_rows, k, ok, stride_wn, stride_sn, GROUP: tl.constexpr, U: tl.constexpr,
-                  MT: tl.constexpr, LOAD: tl.constexpr):  # fmt: skip
-    """_load_w_rows of the U tiles from K = k for each of the MT row tiles, tile-major."""
+def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: tl.constexpr,
+                  U: tl.constexpr, MT: tl.constexpr, LOAD: tl.constexpr):  # fmt: skip
+    """_load_w_rows of U adjacent K tiles for each of the MT row tiles, tile-major. w_lane / s_lane: tuples of B
+    lane_addresses at the first of them; row tile m reads base m % B, 16 (m // B) rows on. One base serves every
+    row tile of one weight as compile-time offsets (two live 64-bit addresses a base took MT = 2 past 128
+    registers, tests/kernels/test_compile_sm90.py); separate weights (SwiGLU's gate and up) take one base each."""
+    B: tl.constexpr = len(w_lane)
     out = ()
     for u in tl.static_range(U):
         for m in tl.static_range(MT):
-            out = out + (_load_w_rows(w_rows[m], s_rows[m], k + u * _TILE_K, ok, stride_wn, stride_sn, GROUP, LOAD),)
+            out = out + (_load_w_rows(w_lane[m % B] + (16 * (m // B) * 4 * STRIDE_W + u * _W_BYTES),
+                                      s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + u * (_TILE_K // GROUP) * 2),
+                                      STRIDE_W, STRIDE_S, LOAD),)  # fmt: skip
     return out
 
 
 @triton.jit
-def _load_xs(x_rows, x_ok, k, ok, U: tl.constexpr, NT: tl.constexpr):
-    """_load_x of the U tiles from K = k for each of the NT activation row tiles (rows of x_ok only), tile-major."""
+def _load_xs(x_lane, U: tl.constexpr, NT: tl.constexpr):
+    """_load_x of U adjacent K tiles for each of the NT activation row tiles, tile-major."""
     out = ()
     for u in tl.static_range(U):
         for j in tl.static_range(NT):
-            out = out + (_load_x(x_rows[j], k + u * _TILE_K, ok & x_ok[j]),)
+            out = out + (_load_x(x_lane[j] + u * _X_BYTES),)
     return out
 
 
@@ -202,29 +202,34 @@ def _tile(w, x, acc, NT: tl.constexpr):
 
 
 @triton.jit
-def row_addresses(w_ptr, s_ptr, rows, stride_wn, stride_sn, MT: tl.constexpr):
-    """Byte addresses of row `rows` (a lane's g) of each of the MT row tiles, in the words and in the scales (rows g
-    + 8 are 8 rows on)."""
-    w_rows = ()
-    s_rows = ()
-    for m in tl.static_range(MT):
-        r = (rows + 16 * m).to(tl.int64)
-        w_rows = w_rows + (w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4,)
-        s_rows = s_rows + (s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2,)
-    return w_rows, s_rows
+def _advance(addresses, by):
+    out = ()
+    for i in tl.static_range(len(addresses)):
+        out = out + (addresses[i] + by,)
+    return out
 
 
 @triton.jit
-def activation_rows(x_ptr, first, end, stride_xm, NT: tl.constexpr):
-    """Byte address of activation row `first` (first + 8 j in n8 tile j: the mma's column g when first = row_0 +
-    g) and whether it is below `end`, per n8 tile."""
-    x_rows = ()
-    x_ok = ()
+def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr):
+    """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t) and of their scale:
+    the main loop only advances them."""
+    kt = k_lo + 32 * (tl.arange(0, rows.shape[0]) % 4)
+    r = rows.to(tl.int64)
+    w_lane = w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4 + kt // 2
+    s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + (kt // GROUP) * 2
+    return w_lane, s_lane
+
+
+@triton.jit
+def activation_lanes(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr):
+    """Byte address of the lane's activations, row `first` + 8 j in n8 tile j (the mma's column g when first = row_0
+    + g) at K = k_lo + 32t. Rows from `end` on read row end - 1 instead: their columns are never stored."""
+    kt = k_lo + 32 * (tl.arange(0, first.shape[0]) % 4)
+    x_lane = ()
     for j in tl.static_range(NT):
-        xr = first + 8 * j
-        x_rows = x_rows + (x_ptr.to(tl.int64, bitcast=True) + xr.to(tl.int64) * stride_xm * 2,)
-        x_ok = x_ok + ((xr < end).to(tl.int32),)
-    return x_rows, x_ok
+        xr = tl.minimum(first + 8 * j, end - 1).to(tl.int64)
+        x_lane = x_lane + (x_ptr.to(tl.int64, bitcast=True) + xr * stride_xm * 2 + kt * 2,)
+    return x_lane
 
 
 @triton.jit
@@ -241,26 +246,27 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 
 
 @triton.jit
-def mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP: tl.constexpr,
-                 MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr):
-    """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles from k_lo: W rows of
-    w_rows / s_rows (byte addresses of each row tile's row g) times the NT activation row tiles x_rows (x_ok: rows
-    that exist). nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
-    ok = tl.full((32 * NW,), 1, tl.int32)
-    k_hi = k_lo + tiles_per_warp * _TILE_K
-    x_nxt = _load_xs(x_rows, x_ok, k_lo, ok, U, NT)
+def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
+                 GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
+                 NW: tl.constexpr):  # fmt: skip
+    """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
+    lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
+    tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
+    x_nxt = _load_xs(x_lane, U, NT)
     acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
-    # 128 contiguous bytes (two 64-byte halves of a line) in one step.
-    for i in range(0, tiles_per_warp, U):
-        k1 = k_lo + (i + U) * _TILE_K
+    # 128 contiguous bytes (two 64-byte halves of a line) in one step. The last step, which loads nothing, is
+    # peeled off, so no load here is predicated.
+    for _i in range(U, tiles_per_warp, U):
+        w_lane = _advance(w_lane, U * _W_BYTES)
+        s_lane = _advance(s_lane, U * (_TILE_K // GROUP) * 2)
+        x_lane = _advance(x_lane, U * _X_BYTES)
         cur = nxt
         xv = x_nxt
-        ok = (k1 < k_hi).to(tl.int32)
-        nxt = _load_weights(w_rows, s_rows, k1, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
-        x_nxt = _load_xs(x_rows, x_ok, k1, ok, U, NT)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
+        x_nxt = _load_xs(x_lane, U, NT)
         acc = mma_step(acc, cur, xv, MT, NT, U)
-    return acc
+    return mma_step(acc, nxt, x_nxt, MT, NT, U)
 
 
 @triton.jit
@@ -318,11 +324,12 @@ def _stack(a, b, AXIS: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M", "stride_xm", "N_A", "lst1", "lst2", "lr", "lslices"])
-def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, tiles_per_warp, stride_wn,
-                     stride_sn, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt,
-                     lcnt, stamp_ptr, GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr,
-                     LOAD: tl.constexpr, NW: tl.constexpr, ONE_ROW: tl.constexpr, PDL: tl.constexpr,
-                     LORA: tl.constexpr, BR: tl.constexpr, STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, tiles_per_warp,
+                     STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1,
+                     ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr, GROUP: tl.constexpr,
+                     MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
+                     ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
+                     STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -336,16 +343,16 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         warp = lane // 32
         g = (lane % 32) // 4
         k_lo = warp * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
-        w_rows, s_rows = row_addresses(w_ptr, s_ptr, pid_n * BN + g, stride_wn, stride_sn, MT)
-        x_rows, x_ok = activation_rows(x_ptr, g, M, stride_xm, NT)
-        ok = tl.full((32 * NW,), 1, tl.int32)
+        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP)
+        w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (_load_weights)
+        x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT)
         # frozen weights: loaded before the PDL wait
-        nxt = _load_weights(w_rows, s_rows, k_lo, ok, stride_wn, stride_sn, GROUP, U, MT, LOAD)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
         wait_for_producers(PDL, False)
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
-        acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
-                           MT, NT, U, LOAD, NW)
+        acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
+                           NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles

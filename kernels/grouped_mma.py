@@ -27,9 +27,9 @@ from .gemv_mma import (
     _TILE_K,
     _gather,
     _load_weights,
-    activation_rows,
+    activation_lanes,
+    lane_addresses,
     mma_mainloop,
-    row_addresses,
     warps_for,
 )
 from .grouped import _find_tile
@@ -42,7 +42,8 @@ _LIBDEVICE = tl.constexpr(not INTERPRETED)  # SiLU's exp (the interpreter has no
 
 @triton.jit
 def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_ptr, N, num_experts, stride_xm,
-                        stride_om, stride_we, stride_wn, stride_se, stride_sn, tiles_per_warp,
+                        stride_om, stride_we, STRIDE_W: tl.constexpr, stride_se, STRIDE_S: tl.constexpr,
+                        tiles_per_warp,
                         u_ptr, b_ptr, b2_ptr, stride_ut, stride_be, stride_bn, scale,
                         GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
                         NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr,
@@ -61,17 +62,17 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         g = (lane % 32) // 4
         k_lo = (lane // 32) * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
         e64 = e.to(tl.int64)
-        w_rows, s_rows = row_addresses(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN + g,
-                                       stride_wn, stride_sn, MT // 2 if SWIGLU else MT)  # fmt: skip
-        if SWIGLU:  # the up rows are the loop's second row tile
-            up_w, up_s = row_addresses(w2_ptr + e64 * stride_we, s2_ptr + e64 * stride_se, pid_n * BN + g,
-                                       stride_wn, stride_sn, 1)  # fmt: skip
-            w_rows, s_rows = w_rows + up_w, s_rows + up_s
-        x_rows, x_ok = activation_rows(x_ptr, first + g, end, stride_xm, 1)
-        nxt = _load_weights(w_rows, s_rows, k_lo, tl.full((32 * NW,), 1, tl.int32), stride_wn, stride_sn, GROUP, U,
-                            MT, LOAD)  # fmt: skip
-        acc = mma_mainloop(nxt, w_rows, s_rows, x_rows, x_ok, k_lo, tiles_per_warp, stride_wn, stride_sn, GROUP,
-                           MT, 1, U, LOAD, NW)  # fmt: skip
+        w_lane, s_lane = lane_addresses(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN + g, k_lo,
+                                        STRIDE_W, STRIDE_S, GROUP)  # fmt: skip
+        w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (gemv_mma._load_weights)
+        if SWIGLU:  # the up rows are the loop's second row tile: a base of their own
+            up_w, up_s = lane_addresses(w2_ptr + e64 * stride_we, s2_ptr + e64 * stride_se, pid_n * BN + g, k_lo,
+                                        STRIDE_W, STRIDE_S, GROUP)  # fmt: skip
+            w_lane, s_lane = w_lane + (up_w,), s_lane + (up_s,)
+        x_lane = activation_lanes(x_ptr, first + g, end, k_lo, stride_xm, 1)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
+        acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, 1, U, LOAD,
+                           NW)  # fmt: skip
         launch_dependents(PDL)
         offs_m = first + tl.arange(0, _ROW_TILE)
         dt: tl.constexpr = out_ptr.dtype.element_ty

@@ -69,7 +69,7 @@ names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
 for mt, nt, nw, lora, u in ((1, 1, 8, False, 2), (1, 1, 8, True, 2), (2, 1, 8, False, 2), (1, 1, 4, False, 1),
                              (1, 2, 8, True, 1)):  # shipped M = 1 first; the last serves 8 < M <= 16
     const = dict(GROUP=32, MT=mt, NT=nt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=nw, ONE_ROW=nt == 1, PDL=True,
-                 LORA=lora, BR=16, STAMPS=False, DIRECT=True)
+                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=18432 // 8, STRIDE_S=18432 // 32)  # K 18432
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
            for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
@@ -118,7 +118,7 @@ pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "w2_ptr": "*i32
 for mt, u, swiglu, lora in ((1, 2, False, 0), (2, 2, False, 0), (1, 1, False, 0), (2, 2, True, 0), (2, 2, True, 16),
                             (2, 2, False, 16), (2, 2, True, 8), (2, 2, True, 64)):  # _GROUPED_MMA's, with LoRA rank
     const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=4, E_POW2=128, PDL=True, SWIGLU=swiglu,
-                 LORA=lora > 0, R=max(lora, 1), R_POW2=max(lora, 1))
+                 LORA=lora > 0, R=max(lora, 1), R_POW2=max(lora, 1), STRIDE_W=2048 // 8, STRIDE_S=2048 // 32)
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
