@@ -1,6 +1,6 @@
 """Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
 
-    python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,epilogue,
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,epilogue,
                                                               regs]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
@@ -9,9 +9,9 @@ best variant per shape. final: the short list per M (1, 2, 4, 16), then the winn
 this process and bench/kernels.py's dense table run with them. tma: the descriptor variants. lora: the decode LoRA
 in the GEMV's launch or after it. mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs.
 m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against the dispatch; shapes: the shipped mma
-configs at 1, 8, 9 and 16 rows against the dispatch. epilogue: the mma GEMV's direct store against its tile
-epilogue. m16x: the M = 16 kernels with 16 activation rows and with one row 16 times (stride 0), and M = 1. regs:
-the mma GEMV with and without a register cap.
+configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
+epilogue: the mma GEMV's direct store against its tile epilogue. m16x: the M = 16 kernels with 16 activation rows
+and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a register cap.
 """
 
 from __future__ import annotations
@@ -159,6 +159,16 @@ def section_shapes(deadline: float) -> None:
     variants = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
                 "long-k": configs._GEMV_MMA_LONG_K}
     section_gemv(deadline, {m: variants for m in (1, 8, 9, 16)}, dispatched=True)
+
+
+def section_m16u(deadline: float) -> None:
+    """9 and 16 rows on the mma GEMV's shipped configs with one or two K tiles a step (configs.MMA_WIDE_TILES), against
+    the dispatch in the same run: the loop that issues the next step's loads after this step's products (sm_90
+    ptxas: 128 registers at one row tile and two K tiles, 166 at two row tiles)."""
+    variants = {f"{name}/u{u}": replace(cfg, mma_tiles=u)
+                for name, cfg in (("one-rowtile", configs._GEMV_MMA), ("two-rowtiles", configs._GEMV_MMA_TWO_ROWTILES),
+                                  ("long-k", configs._GEMV_MMA_LONG_K)) for u in (1, 2)}  # fmt: skip
+    section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
 
 
 def section_epilogue(deadline: float) -> None:
@@ -468,7 +478,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
-                "epilogue": section_epilogue, "regs": section_regs}
+                "m16u": section_m16u, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

@@ -182,6 +182,8 @@ _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 # against the tile kernel's 1.28x / 1.30x); at M = 16 the mma kernel's best (1.37x) barely beats it (1.26x) and loses
 # on some shapes, so M > 8 takes wgmma_int4 on Hopper (gemm.dense_gemm), but for small weights (below).
 MMA_MAX_M = 8
+# K tiles a step at 9-16 rows (two n8 tiles of activations, twice the activation registers a step).
+MMA_WIDE_TILES = 1
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
@@ -199,9 +201,11 @@ MMA_SHAPE_DISPATCH = True  # False: both rules above off, the dispatch before th
 def _mma_config(m: int, w: PackedWeight, device: torch.device) -> GemvConfig:
     """The mma GEMV's config for M rows (up to 8, or 16 on small weights) of `w`: see the measurements above."""
     if w.k >= 16384:
-        return _GEMV_MMA_LONG_K
-    two = w.n >= 16384 or (m > MMA_MAX_M and 2 * w.n >= _GEMV_MMA_TWO_ROWTILES.block_n * sm_count(device))
-    return _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and m > 1 and two else _GEMV_MMA
+        cfg = _GEMV_MMA_LONG_K
+    else:
+        two = w.n >= 16384 or (m > MMA_MAX_M and 2 * w.n >= _GEMV_MMA_TWO_ROWTILES.block_n * sm_count(device))
+        cfg = _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and m > 1 and two else _GEMV_MMA
+    return cfg if m <= MMA_MAX_M else replace(cfg, mma_tiles=min(cfg.mma_tiles, MMA_WIDE_TILES))
 
 
 def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,

@@ -148,6 +148,8 @@ def test_gpu_dispatch_by_rows_and_weight_size(m, monkeypatch):
     small, tall = (2048, 4096), (max(16384, 32 * sms), 2048)
     # (two row tiles for the small one at 9-16 rows only on GPUs of at most 128 SMs: half a program per SM)
     small_cfg = configs._GEMV_MMA_TWO_ROWTILES if m > 8 and 2 * small[0] >= 32 * sms else configs._GEMV_MMA
+    if m > 8:  # (two n8 tiles of activations take configs.MMA_WIDE_TILES K tiles a step)
+        small_cfg = replace(small_cfg, mma_tiles=min(small_cfg.mma_tiles, configs.MMA_WIDE_TILES))
     expect = {small: small_cfg, tall: configs._GEMV_MMA_TWO_ROWTILES if m <= 8 else None}
     for (n, k), cfg in expect.items():
         packed, w = random_weight("int4", (n, k), seed=9, device="cuda")
