@@ -122,8 +122,6 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
-    # int4 g32: each mma's 16 K values from one scale group, the scale applied to its fp32 products (gemv_mma.py)
-    mma_group_scale: bool = False
 
     @property
     def launch_options(self) -> dict:
@@ -259,13 +257,7 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
     step = TILE_K * cfg.mma_tiles
     return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
             and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
-            and w.values.data_ptr() % 16 == 0 and (not cfg.mma_group_scale or _group_scale_ok(w, stacked)))  # fmt: skip
-
-
-def _group_scale_ok(w: PackedWeight, stacked: bool) -> bool:
-    """GemvConfig.mma_group_scale's layout: groups of 32 (a K tile's four scales of a row in one 8-byte load, on 8
-    bytes), the dense kernel only."""
-    return w.group == 32 and not stacked and w.scale.data_ptr() % 8 == 0
+            and w.values.data_ptr() % 16 == 0)  # fmt: skip
 
 
 def max_row_tiles(rows: int, block_m: int, experts: int) -> int:

@@ -1,12 +1,12 @@
 """The per-lane mma GEMV's PTX (gemv_mma.py) emulated for Triton's interpreter, so that gemv_mma.py's and
 grouped_mma.py's kernels run in CPU tests: their addressing, K splits over warps, row masks and epilogues.
 
-Every function returns what its PTX counterpart leaves in each lane's registers, for the same lane layout: lane (g, t)
-of a warp holds words of weight rows g and g + 8 at K 32t..32t+31 of the tile (with group scales: K 32G + 8t .. 32G + 8t
-+ 7 of each group G), and activations of row g (+ 8 per n8 tile) there. The mma is a warp-wide exchange, emulated by
-regrouping the lanes' values per warp. The weights decode to the same bf16 values (the product of a nibble and a bf16
-scale is exact in fp32 and rounds once to nearest even, by integer arithmetic here, since the interpreter's bf16 casts
-truncate); the fp32 sums run in another order than the tensor cores'. Scales travel as fp32 bit patterns, not bf16.
+Every function returns what its PTX counterpart leaves in each lane's registers, for the same lane layout: lane
+(g, t) of a warp holds words of weight rows g and g + 8 at K 32t..32t+31 of the tile, and activations of row g (+ 8 per
+n8 tile) there. The mma is a warp-wide exchange, emulated by regrouping the lanes' values per warp. The weights decode
+to the same bf16 values (the product of a nibble and a bf16 scale is exact in fp32 and rounds once to nearest even, by
+integer arithmetic here, since the interpreter's bf16 casts truncate); the fp32 sums run in another order than the
+tensor cores'. Scales travel as fp32 bit patterns, not bf16.
 """
 
 from __future__ import annotations
@@ -43,29 +43,12 @@ def load_w_rows(row_g, row_g8, scale_g, scale_g8):
 
 
 @triton.jit
-def load_w_rows_gs(row_g, row_g8, scale_g, scale_g8):
-    """gemv_mma._load_w_rows for group scales: word t of each of the tile's four scale groups of rows g and g + 8
-    (byte addresses row_g + 16 G, row_g8 + 16 G), then the four groups' scales of each row as fp32 bit patterns (bf16
-    at scale_g, scale_g8)."""
-    g = _ptr(row_g, tl.int32)
-    h = _ptr(row_g8, tl.int32)
-    sg = _ptr(scale_g, tl.int16)
-    sh = _ptr(scale_g8, tl.int16)
-    return (tl.load(g), tl.load(g + 4), tl.load(g + 8), tl.load(g + 12), tl.load(h), tl.load(h + 4), tl.load(h + 8),
-            tl.load(h + 12), (tl.load(sg).to(tl.int32) & 0xFFFF) << 16, (tl.load(sg + 1).to(tl.int32) & 0xFFFF) << 16,
-            (tl.load(sg + 2).to(tl.int32) & 0xFFFF) << 16, (tl.load(sg + 3).to(tl.int32) & 0xFFFF) << 16,
-            (tl.load(sh).to(tl.int32) & 0xFFFF) << 16, (tl.load(sh + 1).to(tl.int32) & 0xFFFF) << 16,
-            (tl.load(sh + 2).to(tl.int32) & 0xFFFF) << 16, (tl.load(sh + 3).to(tl.int32) & 0xFFFF) << 16)  # fmt: skip
-
-
-@triton.jit
-def load_x(addr, STRIDE: tl.constexpr):
-    """gemv_mma._load_x: 16 words (bf16 pairs), four of them at each of addr + STRIDE i (bytes)."""
+def load_x(addr):
+    """gemv_mma._load_x: the 16 words (bf16 pairs) from byte address addr."""
     p = _ptr(addr, tl.int32)
     out = ()
-    for i in tl.static_range(4):
-        for q in tl.static_range(4):
-            out = out + (tl.load(p + (STRIDE // 4) * i + q),)
+    for i in tl.static_range(16):
+        out = out + (tl.load(p + i),)
     return out
 
 
@@ -77,18 +60,14 @@ def _bf16_round(x):
 
 
 @triton.jit
-def _weights(w, first: tl.constexpr, scales, ROUND: tl.constexpr):
-    """A lane's 32 decoded weights of one row (words w[first:first + 4], word q scaled by the fp32 bit pattern
-    scales[q]), in K order, as fp32: rounded to bf16 as dequant.py's decode does (ROUND), or the exact products that
-    the group-scale tile scales in fp32."""
+def _weights(w, first: tl.constexpr, scale_bits):
+    """A lane's 32 decoded weights of one row (words w[first:first + 4]), in K order, as fp32."""
+    scale = scale_bits.to(tl.float32, bitcast=True)
     out = ()
     for q in tl.static_range(4):
-        scale = scales[q].to(tl.float32, bitcast=True)
         for i in tl.static_range(8):
-            v = (((w[first + q] >> (4 * i)) & 0xF) - 8).to(tl.float32) * scale
-            if ROUND:
-                v = _bf16_round(v)
-            out = out + (v,)
+            nibble = ((w[first + q] >> (4 * i)) & 0xF) - 8
+            out = out + (_bf16_round(nibble.to(tl.float32) * scale),)
     return out
 
 
@@ -131,15 +110,10 @@ def _mma(w_rows, x_cols):
 
 
 @triton.jit
-def tile(w, x, acc, NT: tl.constexpr, GS: tl.constexpr):
-    """gemv_mma._tile: acc (4 NT fp32 per lane) + one row tile x one K tile; w: load_w_rows' 10 (GS:
-    load_w_rows_gs' 16), x: NT load_x's 16."""
-    if GS:
-        row_g = _stack32(_weights(w, 0, (w[8], w[9], w[10], w[11]), False))
-        row_g8 = _stack32(_weights(w, 4, (w[12], w[13], w[14], w[15]), False))
-    else:
-        row_g = _stack32(_weights(w, 0, (w[8], w[8], w[8], w[8]), True))
-        row_g8 = _stack32(_weights(w, 4, (w[9], w[9], w[9], w[9]), True))
+def tile(w, x, acc, NT: tl.constexpr):
+    """gemv_mma._tile: acc (4 NT fp32 per lane) + one row tile x one K tile; w: load_w_rows' 10, x: NT load_x's 16."""
+    row_g = _stack32(_weights(w, 0, w[8]))
+    row_g8 = _stack32(_weights(w, 4, w[9]))
     out = ()
     for j in tl.static_range(NT):
         cols = _stack32(_activations(x[j]))

@@ -52,21 +52,15 @@ _TILE_K = tl.constexpr(TILE_K)
 _EMULATE = tl.constexpr(INTERPRETED)
 
 
-def _nibbles(word: str, out: str) -> str:
-    """PTX: out_j = bf16x2 (128 + nibble j, 128 + nibble j + 4) of int4 word `word`, j = 0..3."""
+def _decode(word: str, out: str) -> str:
+    """PTX: the four bf16x2 registers out0..out3 of int4 word `word` (out_j = nibbles j and j + 4, minus 8, times
+    the scale pair `s2`), dequant.py's _INT4_BF16_ASM instruction for instruction."""
     text = []
     for j in range(4):
         src = word if j == 0 else "w"
         if j:
             text.append(f"shr.u32 w, {word}, {4 * j};")
         text.append(f"lop3.b32 {out}{j}, {src}, 0x000F000F, 0x43004300, 0xEA;")
-    return "\n".join(text)
-
-
-def _decode(word: str, out: str) -> str:
-    """PTX: the four bf16x2 registers out0..out3 of int4 word `word` (out_j = nibbles j and j + 4, minus 8, times
-    the scale pair `s2`), dequant.py's _INT4_BF16_ASM instruction for instruction."""
-    text = [_nibbles(word, out)]
     text += [f"fma.rn.bf16x2 {out}{j}, {out}{j}, one, off;" for j in range(4)]
     text += [f"fma.rn.bf16x2 {out}{j}, {out}{j}, {{s2}}, nz;" for j in range(4)]
     return "\n".join(text)
@@ -102,46 +96,8 @@ def _tile_asm(nt: int) -> str:
     return "\n".join(lines)
 
 
-def _tile_gs_asm(nt: int) -> str:
-    """_tile_asm with group scales (GemvConfig.mma_group_scale, int4 g32): word G of each row is the lane's word of
-    scale group G, so the two mmas of a word sum one group. LOP3 leaves 128 + n; mmas of the constant -136 against the
-    same activations take the offset off, so t = sum (n - 8) x over the group, exact products in fp32; the row's
-    group scale then multiplies t into d (4 FFMA). Operands: d (4 nt f32); row g's 4 words, row g + 8's; 4 registers
-    of scale pairs (row g: groups 0-1, 2-3; row g + 8 likewise); per n8 tile, x as 16 bf16x2, four per group in K
-    order; c (4 nt f32)."""
-    words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + 12
-    cs = xs + 16 * nt
-    lines = ["{", ".reg .b32 w, k, a<4>, b<4>, x<4>;", ".reg .f32 z, sg, sh, t<4>;",
-             "mov.b32 k, 0xC308C308;", "mov.f32 z, 0f00000000;"]  # fmt: skip
-    lines += [f"mov.f32 ${i}, ${cs + i};" for i in range(4 * nt)]
-    for g in range(4):
-        lines.append(_nibbles(f"${words + g}", "a"))
-        lines.append(_nibbles(f"${words + 4 + g}", "b"))
-        pair, hi = g // 2, g % 2
-        for reg, dst in ((f"${scales + pair}", "sg"), (f"${scales + 2 + pair}", "sh")):
-            lines.append(f"and.b32 {dst}, {reg}, 0xFFFF0000;" if hi else f"shl.b32 {dst}, {reg}, 16;")
-        for j in range(nt):
-            mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {t0, t1, t2, t3}"
-            r0, r1, r2, r3 = (f"${xs + 16 * j + 4 * g + i}" for i in range(4))
-            lines += [
-                f"prmt.b32 x0, {r0}, {r2}, 0x5410;",
-                f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
-                f"prmt.b32 x2, {r1}, {r3}, 0x5410;",
-                f"prmt.b32 x3, {r1}, {r3}, 0x7632;",
-                f"{mma}, {{a0, b0, a1, b1}}, {{x0, x1}}, {{z, z, z, z}};",
-                f"{mma}, {{a2, b2, a3, b3}}, {{x2, x3}}, {{t0, t1, t2, t3}};",
-                f"{mma}, {{k, k, k, k}}, {{x0, x1}}, {{t0, t1, t2, t3}};",
-                f"{mma}, {{k, k, k, k}}, {{x2, x3}}, {{t0, t1, t2, t3}};",
-            ]
-            lines += [f"fma.rn.f32 ${4 * j + i}, {'sh' if i > 1 else 'sg'}, t{i}, ${4 * j + i};" for i in range(4)]
-    lines.append("}")
-    return "\n".join(lines)
-
-
 _TILE1 = tl.constexpr(_tile_asm(1))
 _TILE2 = tl.constexpr(_tile_asm(2))
-_TILE1_GS = tl.constexpr(_tile_gs_asm(1))
-_TILE2_GS = tl.constexpr(_tile_gs_asm(2))
 
 
 # No load is predicated: the main loop's last step is peeled (it loads nothing ahead), and activation rows past M
@@ -160,67 +116,43 @@ ld.global.nc.b16 $9, [$13];
 }}"""
 
 
-def _load_w_gs_asm(hint: str) -> str:
-    """PTX, group scales: the lane's word of each of the four scale groups of rows g ($0-$3) and g + 8 ($4-$7), 16
-    bytes apart from byte addresses $12, $13, and each row's four scales ($8-$9, $10-$11) from $14, $15. The four
-    lanes of a quad read a group's 16 bytes together; the loads allocate in L1, where the next group's load finds
-    the rest of the sector."""
-    words = "".join(f"ld.global.nc{hint}.u32 ${4 * r + g}, [${12 + r} + {16 * g}];\n"
-                    for r in range(2) for g in range(4))  # fmt: skip
-    return "{\n" + words + "ld.global.nc.v2.u32 {$8, $9}, [$14];\nld.global.nc.v2.u32 {$10, $11}, [$15];\n}"
-
-
 _LOAD_W = {size: _load_w_asm(f".L2::{size}B" if size else "") for size in (0, 64, 128, 256)}  # by hint bytes
-_LOAD_W_GS = {size: _load_w_gs_asm(f".L2::{size}B" if size else "") for size in (0, 64, 128, 256)}
-
-
-def _load_x_asm(stride: int) -> str:
-    """PTX: the lane's 16 words of activations, four at each of $16 + stride i (bytes)."""
-    loads = "".join(f"ld.global.v4.u32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [$16 + {stride * i}];\n"
-                    for i in range(4))  # fmt: skip
-    return "{\n" + loads + "}"
-
-
-_LOAD_X = tl.constexpr(_load_x_asm(16))  # K 32t .. 32t + 31 of the tile
-_LOAD_X_GS = tl.constexpr(_load_x_asm(64))  # K 32G + 8t .. 32G + 8t + 7 of each group G
+_LOAD_X = tl.constexpr(
+    "{\n"
+    + "".join(f"ld.global.v4.u32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [$16 + {16 * i}];\n"
+              for i in range(4))
+    + "}"
+)  # fmt: skip
 # Bytes one K tile advances a lane's addresses: its words, its activations, and its scales (by group size).
 _W_BYTES = tl.constexpr(TILE_K // 2)
 _X_BYTES = tl.constexpr(TILE_K * 2)
 
 
 @triton.jit
-def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, LOAD: tl.constexpr, GS: tl.constexpr):
-    """The lane's words and scales of rows g and g + 8 (10 registers; GS: 12) at byte addresses wa (row g's words)
-    and sa (its scale); rows g + 8 are constant offsets (the strides are compile-time), which ptxas folds into the
-    loads."""
+def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, LOAD: tl.constexpr):
+    """The lane's words and scales of rows g and g + 8 (10 registers) at byte addresses wa (row g's words) and sa (its
+    scale); rows g + 8 are constant offsets (the strides are compile-time), which ptxas folds into the loads."""
     wb = wa + 8 * 4 * STRIDE_W
     sb = sa + 8 * 2 * STRIDE_S
     if _EMULATE:
-        if GS:
-            return emulate.load_w_rows_gs(wa, wb, sa, sb)
-        else:
-            return emulate.load_w_rows(wa, wb, sa, sb)
-    elif GS:
-        return tl.inline_asm_elementwise(LOAD, "=r," * 12 + "l,l,l,l", [wa, wb, sa, sb], dtype=(tl.int32,) * 12,
-                                         is_pure=True, pack=1)  # fmt: skip
-    else:
-        return tl.inline_asm_elementwise(
-            LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l", [wa, wb, sa, sb],
-            dtype=(tl.int32,) * 8 + (tl.bfloat16,) * 2, is_pure=True, pack=1)  # fmt: skip
+        return emulate.load_w_rows(wa, wb, sa, sb)
+    return tl.inline_asm_elementwise(
+        LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l", [wa, wb, sa, sb],
+        dtype=(tl.int32,) * 8 + (tl.bfloat16,) * 2, is_pure=True, pack=1)  # fmt: skip
 
 
 @triton.jit
-def _load_x(xa, GS: tl.constexpr):
-    """The lane's 32 activations from byte address xa as 16 bf16x2 registers (GS: 16 bytes from each group)."""
+def _load_x(xa):
+    """The lane's 32 activations at byte address xa as 16 bf16x2 registers."""
     if _EMULATE:
-        return emulate.load_x(xa, 64 if GS else 16)
-    return tl.inline_asm_elementwise(_LOAD_X_GS if GS else _LOAD_X, "=r," * 16 + "l", [xa], dtype=(tl.int32,) * 16,
-                                     is_pure=True, pack=1)  # fmt: skip
+        return emulate.load_x(xa)
+    return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l", [xa], dtype=(tl.int32,) * 16, is_pure=True,
+                                     pack=1)  # fmt: skip
 
 
 @triton.jit
 def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: tl.constexpr,
-                  U: tl.constexpr, MT: tl.constexpr, LOAD: tl.constexpr, GS: tl.constexpr):  # fmt: skip
+                  U: tl.constexpr, MT: tl.constexpr, LOAD: tl.constexpr):  # fmt: skip
     """_load_w_rows of U adjacent K tiles for each of the MT row tiles, tile-major. w_lane / s_lane: tuples of B
     lane_addresses at the first of them; row tile m reads base m % B, 16 (m // B) rows on. One base serves every
     row tile of one weight as compile-time offsets (two live 64-bit addresses a base took MT = 2 past 128
@@ -231,50 +163,27 @@ def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr
         for m in tl.static_range(MT):
             out = out + (_load_w_rows(w_lane[m % B] + (16 * (m // B) * 4 * STRIDE_W + u * _W_BYTES),
                                       s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + u * (_TILE_K // GROUP) * 2),
-                                      STRIDE_W, STRIDE_S, LOAD, GS),)  # fmt: skip
+                                      STRIDE_W, STRIDE_S, LOAD),)  # fmt: skip
     return out
 
 
 @triton.jit
-def _load_xs(x_lane, U: tl.constexpr, NT: tl.constexpr, GS: tl.constexpr):
+def _load_xs(x_lane, U: tl.constexpr, NT: tl.constexpr):
     """_load_x of U adjacent K tiles for each of the NT activation row tiles, tile-major."""
     out = ()
     for u in tl.static_range(U):
         for j in tl.static_range(NT):
-            out = out + (_load_x(x_lane[j] + u * _X_BYTES, GS),)
+            out = out + (_load_x(x_lane[j] + u * _X_BYTES),)
     return out
 
 
 @triton.jit
-def _tile_gs(w, x, acc, NT: tl.constexpr):
-    """_tile with group scales (_tile_gs_asm); w: _load_w_rows' 12 registers."""
-    if NT == 1:
-        return tl.inline_asm_elementwise(
-            _TILE1_GS, "=f," * 4 + "r," * 12 + "r," * 16 + "f,f,f,f",
-            [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], x[0][0], x[0][1], x[0][2],
-             x[0][3], x[0][4], x[0][5], x[0][6], x[0][7], x[0][8], x[0][9], x[0][10], x[0][11], x[0][12], x[0][13],
-             x[0][14], x[0][15], acc[0], acc[1], acc[2], acc[3]],
-            dtype=(tl.float32,) * 4, is_pure=True, pack=1)  # fmt: skip
-    else:
-        return tl.inline_asm_elementwise(
-            _TILE2_GS, "=f," * 8 + "r," * 12 + "r," * 32 + "f,f,f,f,f,f,f,f",
-            [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11], x[0][0], x[0][1], x[0][2],
-             x[0][3], x[0][4], x[0][5], x[0][6], x[0][7], x[0][8], x[0][9], x[0][10], x[0][11], x[0][12], x[0][13],
-             x[0][14], x[0][15], x[1][0], x[1][1], x[1][2], x[1][3], x[1][4], x[1][5], x[1][6], x[1][7], x[1][8],
-             x[1][9], x[1][10], x[1][11], x[1][12], x[1][13], x[1][14], x[1][15], acc[0], acc[1], acc[2], acc[3],
-             acc[4], acc[5], acc[6], acc[7]],
-            dtype=(tl.float32,) * 8, is_pure=True, pack=1)  # fmt: skip
-
-
-@triton.jit
-def _tile(w, x, acc, NT: tl.constexpr, GS: tl.constexpr):
-    """acc (4 NT f32 registers) + one row tile x one K tile (see _tile_asm); w: _load_w_rows' 10 registers (GS:
-    12, _tile_gs), x: NT of _load_x's 16."""
+def _tile(w, x, acc, NT: tl.constexpr):
+    """acc (4 NT f32 registers) + one row tile x one K tile (see _tile_asm); w: _load_w_rows' 10 registers, x: NT
+    of _load_x's 16."""
     if _EMULATE:
-        return emulate.tile(w, x, acc, NT, GS)
-    if GS:
-        return _tile_gs(w, x, acc, NT)
-    elif NT == 1:
+        return emulate.tile(w, x, acc, NT)
+    if NT == 1:
         return tl.inline_asm_elementwise(
             _TILE1, "=f," * 4 + "r," * 8 + "h,h," + "r," * 16 + "f,f,f,f",
             [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], x[0][0], x[0][1], x[0][2], x[0][3], x[0][4],
@@ -301,22 +210,21 @@ def _advance(addresses, by):
 
 
 @triton.jit
-def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, GS: tl.constexpr):
-    """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t; GS: k_lo + 8t) and of
-    their scale (GS: the K tile's first): the main loop only advances them."""
-    t = tl.arange(0, rows.shape[0]) % 4
+def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr):
+    """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t) and of their scale:
+    the main loop only advances them."""
+    kt = k_lo + 32 * (tl.arange(0, rows.shape[0]) % 4)
     r = rows.to(tl.int64)
-    w_lane = w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4 + k_lo // 2 + (4 if GS else 16) * t
-    s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + ((k_lo + (0 if GS else 32) * t) // GROUP) * 2
+    w_lane = w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4 + kt // 2
+    s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + (kt // GROUP) * 2
     return w_lane, s_lane
 
 
 @triton.jit
-def activation_lanes(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr, GS: tl.constexpr):
+def activation_lanes(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr):
     """Byte address of the lane's activations, row `first` + 8 j in n8 tile j (the mma's column g when first = row_0
-    + g) at K = k_lo + 32t (GS: k_lo + 8t). Rows from `end` on read row end - 1 instead: their columns are never
-    stored."""
-    kt = k_lo + (8 if GS else 32) * (tl.arange(0, first.shape[0]) % 4)
+    + g) at K = k_lo + 32t. Rows from `end` on read row end - 1 instead: their columns are never stored."""
+    kt = k_lo + 32 * (tl.arange(0, first.shape[0]) % 4)
     x_lane = ()
     for j in tl.static_range(NT):
         xr = tl.minimum(first + 8 * j, end - 1).to(tl.int64)
@@ -340,11 +248,11 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr, GS: tl.constexpr):  # fmt: skip
+                 NW: tl.constexpr):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
     tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
-    x_nxt = _load_xs(x_lane, U, NT, GS)
+    x_nxt = _load_xs(x_lane, U, NT)
     acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
     # 128 contiguous bytes (two 64-byte halves of a line) in one step. The last step, which loads nothing, is
@@ -356,14 +264,14 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
         w_lane = _advance(w_lane, U * _W_BYTES)
         s_lane = _advance(s_lane, U * (_TILE_K // GROUP) * 2)
         x_lane = _advance(x_lane, U * _X_BYTES)
-        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, GS)
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, GS)
-        x_nxt = _load_xs(x_lane, U, NT, GS)
-    return mma_step(acc, nxt, x_nxt, MT, NT, U, GS)
+        acc = mma_step(acc, nxt, x_nxt, MT, NT, U)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
+        x_nxt = _load_xs(x_lane, U, NT)
+    return mma_step(acc, nxt, x_nxt, MT, NT, U)
 
 
 @triton.jit
-def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, GS: tl.constexpr):
+def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr):
     """One step's products: acc[m] += row tile m of each of the U K tiles (w: _load_weights') x the activations xv
     (_load_xs')."""
     new = ()
@@ -371,9 +279,9 @@ def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, GS
         a = acc[m]
         for u in tl.static_range(U):
             if NT == 1:
-                a = _tile(w[u * MT + m], (xv[u],), a, NT, GS)
+                a = _tile(w[u * MT + m], (xv[u],), a, NT)
             else:
-                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, GS)
+                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
         new = new + (a,)
     return new
 
@@ -422,7 +330,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr, GROUP: tl.constexpr,
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
-                     STAMPS: tl.constexpr, DIRECT: tl.constexpr, GS: tl.constexpr):  # fmt: skip
+                     STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -436,16 +344,16 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         warp = lane // 32
         g = (lane % 32) // 4
         k_lo = warp * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
-        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP, GS)
+        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP)
         w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (_load_weights)
-        x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT, GS)
+        x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT)
         # frozen weights: loaded before the PDL wait
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, GS)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
         wait_for_producers(PDL, False)
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, GS)
+                           NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -510,8 +418,7 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
-        U=cfg.mma_tiles, LOAD=(_LOAD_W_GS if cfg.mma_group_scale else _LOAD_W)[cfg.l2_prefetch], NW=nw,
-        ONE_ROW=m == 1, PDL=pdl, launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, GS=cfg.mma_group_scale,
-        **launch.constexprs, **cfg.launch_options,
+        U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
+        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out

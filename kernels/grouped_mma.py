@@ -63,16 +63,16 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         k_lo = (lane // 32) * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
         e64 = e.to(tl.int64)
         w_lane, s_lane = lane_addresses(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN + g, k_lo,
-                                        STRIDE_W, STRIDE_S, GROUP, False)  # fmt: skip
+                                        STRIDE_W, STRIDE_S, GROUP)  # fmt: skip
         w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (gemv_mma._load_weights)
         if SWIGLU:  # the up rows are the loop's second row tile: a base of their own
             up_w, up_s = lane_addresses(w2_ptr + e64 * stride_we, s2_ptr + e64 * stride_se, pid_n * BN + g, k_lo,
-                                        STRIDE_W, STRIDE_S, GROUP, False)  # fmt: skip
+                                        STRIDE_W, STRIDE_S, GROUP)  # fmt: skip
             w_lane, s_lane = w_lane + (up_w,), s_lane + (up_s,)
-        x_lane = activation_lanes(x_ptr, first + g, end, k_lo, stride_xm, 1, False)
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, False)
+        x_lane = activation_lanes(x_ptr, first + g, end, k_lo, stride_xm, 1)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, 1, U, LOAD,
-                           NW, False)  # fmt: skip
+                           NW)  # fmt: skip
         launch_dependents(PDL)
         offs_m = first + tl.arange(0, _ROW_TILE)
         dt: tl.constexpr = out_ptr.dtype.element_ty

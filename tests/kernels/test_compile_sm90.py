@@ -66,17 +66,15 @@ for lora in (False, True):  # the descriptor kernel as configs._GEMV_TALL runs i
 from orbit_lightning.kernels import gemv_mma
 
 names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
-for mt, nt, nw, lora, u, gs in ((1, 1, 8, False, 2, False), (1, 1, 8, True, 2, False), (2, 1, 8, False, 2, False),
-                                 (1, 1, 4, False, 1, False), (1, 2, 8, True, 1, False), (1, 1, 8, False, 2, True),
-                                 (1, 2, 8, False, 1, True)):  # shipped M = 1 first; nt 2 serves 8 < M <= 16
-    const = dict(GROUP=32, MT=mt, NT=nt, U=u, LOAD=(gemv_mma._LOAD_W_GS if gs else gemv_mma._LOAD_W)[128], NW=nw,
-                 ONE_ROW=nt == 1, PDL=True, LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=18432 // 8,
-                 STRIDE_S=18432 // 32, GS=gs)  # K 18432
+for mt, nt, nw, lora, u in ((1, 1, 8, False, 2), (1, 1, 8, True, 2), (2, 1, 8, False, 2), (1, 1, 4, False, 1),
+                             (1, 2, 8, True, 1)):  # shipped M = 1 first; the last serves 8 < M <= 16
+    const = dict(GROUP=32, MT=mt, NT=nt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=nw, ONE_ROW=nt == 1, PDL=True,
+                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=18432 // 8, STRIDE_S=18432 // 32)  # K 18432
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
            for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    report[f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}" + ("-gs" if gs else "")] = ptxas_report(src, num_warps=nw)
+    report[f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}"] = ptxas_report(src, num_warps=nw)
 
 import importlib
 
@@ -165,8 +163,7 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     report = _report()
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
-                           "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "mma-mt1-nt1-u2-lora0-gs",
-                           "mma-mt1-nt2-u1-lora0-gs", "rope-norm0", "rope-norm1",
+                           "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1",
                            "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
                            "_combine_backward_kernel", "_sort_kernel", "_softmax_topk_kernel",
                            "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",

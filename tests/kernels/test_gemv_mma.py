@@ -33,8 +33,8 @@ def test_warps_split_k_evenly_and_fill_the_sms():
     assert warps_for(cfg, 1, 128, 132) == 1  # one K tile
     assert warps_for(replace(cfg, mma_tiles=4), 4096 // 32, 1536, 132) == 1  # 3 steps of 4 tiles
     assert mma_split(cfg, 6144, 4096, 132) == (192, 8, 4)  # 32-row programs, 8 warps of 4 K tiles each
-    with pytest.raises(ValueError, match="block_n 16, 32 or 64"):
-        GemvConfig(16, 128, 128, mma=True)
+    with pytest.raises(ValueError, match="block_n 16 or 32"):
+        GemvConfig(16, 64, 128, mma=True)
     with pytest.raises(ValueError, match="mma_tiles"):
         GemvConfig(16, 16, 128, mma=True, mma_tiles=3)
 
@@ -47,15 +47,10 @@ def test_the_mma_kernel_serves_only_what_it_reads():
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
     assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
-    group_scale = replace(cfg, mma_group_scale=True)  # one scale per 32 K values only
-    for fmt, ok in (("int4", True), ("int4-g128", False)):
-        packed, _ = random_weight(fmt, (64, 256), seed=0)
-        assert configs.mma_ok(resolve(fmt, packed, stacked=False), group_scale) == ok, fmt
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "four-rowtiles", "g128-two-warps", "one-tile-steps",
-                                  "group-scale", "group-scale-two-rowtiles"])
+@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "four-rowtiles", "g128-two-warps", "one-tile-steps"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -65,10 +60,6 @@ def test_mma_gemv_under_the_interpreter(case):
         "four-rowtiles": (128, 256, GemvConfig(16, 64, 128, mma=True, num_warps=2), "int4"),
         "g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g128"),
         "one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1), "int4"),
-        "group-scale": (48, 512, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2, mma_group_scale=True),
-                        "int4"),
-        "group-scale-two-rowtiles": (64, 384, GemvConfig(16, 32, 128, mma=True, num_warps=1, mma_group_scale=True),
-                                     "int4"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -99,9 +90,6 @@ CASES = {  # name: (format, N, K, config)
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
-    "group-scale": ("int4", 6144, 4096, replace(_MMA, mma_group_scale=True)),
-    "group-scale-two-rowtiles": ("int4", 4096, 12288, replace(_MMA, block_n=32, mma_group_scale=True)),
-    "group-scale-one-tile-steps": ("int4", 1024, 1536, replace(_MMA, mma_tiles=1, mma_group_scale=True)),
 }
 
 
@@ -118,8 +106,7 @@ def test_gpu_mma_gemv_matches_fp64_deterministically(case):
         ref = x.double() @ w.T
         assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
         assert torch.equal(y, gemv.gemv(x, wk, torch.empty_like(y), cfg, _tickets, True))
-        # The tile kernels multiply the same bf16 weights; only the fp32 summation order differs (group scales:
-        # and the weights' rounding to bf16, 2^-9 of each |w|, which the group-scale products skip).
+        # The tile kernels multiply the same bf16 weights; only the fp32 summation order differs.
         split = gemv.gemv(x, wk, torch.empty_like(y), next(c for b, c in configs.GEMV_TILES if m <= b), _tickets, True)
         assert_within(y, split.double(), matmul_bound(x, w, ref, 2.0**-8))
 
