@@ -137,8 +137,8 @@ class GemvConfig:
             raise ValueError("GemvConfig with dot=True needs block_m and block_n >= 16 (tl.dot minimum)")
         if self.block_k < 32:
             raise ValueError(f"GemvConfig.block_k must be >= 32, got {self.block_k}")
-        if self.mma and self.block_n not in (16, 32, 64):
-            raise ValueError(f"GemvConfig with mma=True takes block_n 16, 32 or 64, got {self.block_n}")
+        if self.mma and self.block_n not in (16, 32):
+            raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
         if self.mma_tiles not in (1, 2, 4) or self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
         if self.k_iters < 0 or self.programs_per_sm < 1:

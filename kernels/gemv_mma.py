@@ -368,10 +368,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                 tiles = tiles + (y,)
             if MT == 1:
                 tile = tiles[0]
-            elif MT == 2:
-                tile = _stack(tiles[0], tiles[1], 0)
             else:
-                tile = _stack(_stack(tiles[0], tiles[1], 0), _stack(tiles[2], tiles[3], 0), 0)
+                tile = _stack(tiles[0], tiles[1], 0)
             offs_m = tl.arange(0, 16)
             store_out(tile, out_ptr, out_ptr, lcnt, pid_n, 0, 0, offs_m, offs_m < M, M, N, 1, tl.cdiv(N, BN),
                       stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived, BN, 16, False, BR, LORA)
