@@ -36,7 +36,7 @@ from .grouped import _find_tile
 from .grouped_lora import ExpertLora, grouped_lora_a
 from .pdl import launch_dependents, use_pdl, wait_for_producers
 
-_ROW_TILE = tl.constexpr(MMA_ROW_TILE)  # (the mma's n8 columns: activation_rows and _gather assume 8)
+_ROW_TILE = tl.constexpr(MMA_ROW_TILE)  # (the mma's n8 columns: activation_lanes and _gather assume 8)
 _LIBDEVICE = tl.constexpr(not INTERPRETED)  # SiLU's exp (the interpreter has no libdevice: numpy's there)
 
 
