@@ -147,10 +147,12 @@ class GemvConfig:
             if self.mma_ring < 2 or self.block_n != 16:
                 raise ValueError(f"GemvConfig.mma_ring takes 0 or 2+ stages at block_n 16, got {self.mma_ring} at "
                                  f"block_n {self.block_n}")  # fmt: skip
-            if 32 * self.num_warps * self.mma_ring * slot_bytes(self.mma_tiles) > RING_LIMIT:
+            ring = 32 * self.num_warps * self.mma_ring * slot_bytes(self.mma_tiles)
+            if ring + TRITON_SMEM_PER_WARP * self.num_warps > RING_LIMIT:
                 raise ValueError(f"GemvConfig.mma_ring: {self.mma_ring} stages of {self.mma_tiles} K tiles for "
-                                 f"{self.num_warps} warps exceed {RING_LIMIT} bytes of static shared memory; take "
-                                 f"fewer stages, tiles or warps")  # fmt: skip
+                                 f"{self.num_warps} warps take {ring} bytes of static shared memory, and with the "
+                                 f"kernel's own {TRITON_SMEM_PER_WARP} a warp exceed {RING_LIMIT}; take fewer "
+                                 f"stages, tiles or warps")  # fmt: skip
         if self.k_iters < 0 or self.programs_per_sm < 1:
             raise ValueError("GemvConfig.k_iters must be >= 0 and programs_per_sm >= 1")
         # 255: the hardware's maximum per thread; 24: setmaxnreg's floor (no kernel here fits below it unspilled)
@@ -257,7 +259,10 @@ def fuse_lora(m: int, k: int, cfg: GemvConfig) -> bool:
 
 
 TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32 values
-RING_LIMIT = 48 * 1024  # static shared memory a CTA may declare: GemvConfig.mma_ring's ring (gemv_ring.py)
+# Shared memory a CTA may hold without opting in (static + dynamic): GemvConfig.mma_ring's static ring (gemv_ring.py)
+# plus what Triton allocates the mma GEMV for its cross-warp sum, 512 bytes a warp (compiled metadata, sm_90).
+RING_LIMIT = 48 * 1024
+TRITON_SMEM_PER_WARP = 512
 
 
 def slot_bytes(u: int) -> int:

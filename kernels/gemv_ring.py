@@ -8,7 +8,7 @@ copies into slot j % S, waits for step j - S + 1's (cp.async.wait_group S - 1: a
 so no barrier), and reads that step back from slot (j + 1) % S into the registers gemv_mma._load_w_rows fills. A
 thread reads back only what it copied. The scales travel as the aligned 4-byte pair that holds the lane's (cp.async
 copies 4, 8 or 16 bytes; with groups of 32 its half is the same every step) and a prmt picks the half. Static shared
-memory caps a program's ring at 48 KB (configs.RING_LIMIT).
+memory caps a program's ring, with the kernel's own, at 48 KB (configs.RING_LIMIT).
 
 Under Triton's interpreter the statement is emulated by loading the step it reads straight from global memory.
 """

@@ -39,8 +39,10 @@ def test_warps_split_k_evenly_and_fill_the_sms():
         GemvConfig(16, 16, 128, mma=True, mma_tiles=3)
     with pytest.raises(ValueError, match="mma_ring takes 0 or 2"):
         GemvConfig(16, 32, 128, mma=True, mma_ring=3)  # one row tile a warp only
-    with pytest.raises(ValueError, match="exceed 49152 bytes of static shared memory"):
+    with pytest.raises(ValueError, match="take 61440 bytes of static shared memory"):
         GemvConfig(16, 16, 128, mma=True, num_warps=8, mma_tiles=2, mma_ring=3)  # 256 threads x 3 x 80 bytes
+    with pytest.raises(ValueError, match="own 512 a warp exceed 49152"):
+        GemvConfig(16, 16, 128, mma=True, num_warps=8, mma_ring=4)  # 48 KB of ring: none left for the kernel's
 
 
 def test_the_mma_kernel_serves_only_what_it_reads():
