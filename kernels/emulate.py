@@ -53,16 +53,6 @@ def load_x(addr):
 
 
 @triton.jit
-def load_x_if(addr, ok):
-    """gemv_mma._load_x_if: load_x where ok, else zeros (the PTX leaves its registers unset)."""
-    p = _ptr(addr, tl.int32)
-    out = ()
-    for i in tl.static_range(16):
-        out = out + (tl.load(p + i, mask=ok != 0, other=0),)
-    return out
-
-
-@triton.jit
 def _bf16_round(x):
     """fp32 -> the nearest bf16 (ties to even), as fp32."""
     bits = x.to(tl.int32, bitcast=True)

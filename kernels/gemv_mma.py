@@ -128,13 +128,6 @@ _LOAD_X = tl.constexpr(
               for i in range(4))
     + "}"
 )  # fmt: skip
-# The same where the lane's predicate is set (the ring's last step, gemv_ring.py, which has no step after it).
-_LOAD_X_IF = tl.constexpr(
-    "{\n.reg .pred p;\nsetp.ne.b32 p, $17, 0;\n"
-    + "".join(f"@p ld.global.v4.u32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [$16 + {16 * i}];\n"
-              for i in range(4))
-    + "}"
-)  # fmt: skip
 # Bytes one K tile advances a lane's addresses: its words, its activations, and its scales (by group size).
 _W_BYTES = tl.constexpr(TILE_K // 2)
 _X_BYTES = tl.constexpr(TILE_K * 2)
@@ -160,16 +153,6 @@ def _load_x(xa):
         return emulate.load_x(xa)
     return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l", [xa], dtype=(tl.int32,) * 16, is_pure=True,
                                      pack=1)  # fmt: skip
-
-
-@triton.jit
-def _load_x_if(xa, ok):
-    """_load_x where ok (an int32 per lane); the registers are unset elsewhere."""
-    if _EMULATE:
-        return emulate.load_x_if(xa, ok)
-    else:
-        return tl.inline_asm_elementwise(_LOAD_X_IF, "=r," * 16 + "l,r", [xa, ok], dtype=(tl.int32,) * 16,
-                                         is_pure=True, pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -307,14 +290,13 @@ def ring_mainloop(w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr
                   NW: tl.constexpr):  # fmt: skip
     """mma_mainloop's accumulators for one row tile a warp, the weights through gemv_ring.py's ring of S stages: trip
     j issues step j and multiplies step j - S + 1; the first S - 1 trips only issue. w_lane / s_lane: the lane's
-    lane_addresses (one base), x_lane: its activation_lanes. The activations stay in registers, one step ahead."""
+    lane_addresses (one base), x_lane: its activation_lanes. The activations load into registers at their step."""
     steps = tiles_per_warp // U
     sel = tl.where((s_lane & 2) != 0, 0x3232, 0x1010).to(tl.int32)  # its scale's half of the aligned pair
     wa = w_lane
     sa = s_lane & -4
     read_w = w_lane
     read_s = s_lane
-    x_cur = _load_xs(x_lane, U, NT)
     xa = x_lane
     acc = zero_accumulators(1, NT, NW)[0]
     for j in range(0, steps + S - 1):
@@ -325,16 +307,12 @@ def ring_mainloop(w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr
         wa += U * _W_BYTES
         sa += U * 8
         if r >= 0:
+            # the step's activations at the step: carried one step ahead through this branch they cost a register
+            # move each (sm_90 SASS), and the lines are L1 hits after the first warp of the SM
+            acc = mma_step((acc,), w, _load_xs(xa, U, NT), 1, NT, U)[0]
             read_w += U * _W_BYTES
             read_s += U * 8
             xa = _advance(xa, U * _X_BYTES)
-            more = (r + 1 < steps).to(tl.int32)  # the next step exists: past the warp's K range otherwise
-            x_nxt = ()
-            for u in tl.static_range(U):
-                for i in tl.static_range(NT):
-                    x_nxt = x_nxt + (_load_x_if(xa[i] + u * _X_BYTES, tl.full(wa.shape, 1, tl.int32) * more),)
-            acc = mma_step((acc,), w, x_cur, 1, NT, U)[0]
-            x_cur = x_nxt
     return (acc,)
 
 
