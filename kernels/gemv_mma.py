@@ -292,6 +292,7 @@ def ring_mainloop(w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr
     j issues step j and multiplies step j - S + 1; the first S - 1 trips only issue. w_lane / s_lane: the lane's
     lane_addresses (one base), x_lane: its activation_lanes. The activations load into registers at their step."""
     steps = tiles_per_warp // U
+    _S_BYTES: tl.constexpr = _TILE_K // 32 * 2  # scales a K tile (groups of 32, configs.mma_ok)
     sel = tl.where((s_lane & 2) != 0, 0x3232, 0x1010).to(tl.int32)  # its scale's half of the aligned pair
     wa = w_lane
     sa = s_lane & -4
@@ -302,16 +303,18 @@ def ring_mainloop(w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr
     for j in range(0, steps + S - 1):
         r = _opaque(j - (S - 1))  # the step it multiplies; opaque, or LLVM peels the trips that only issue and
         # copies the ring's asm statement with them (three rings at S = 3, tests/kernels/test_compile_sm90.py)
-        w = ring_trip(wa, sa, read_w, read_s, (r + S - 1 < steps).to(tl.int32), j, sel, STRIDE_W, STRIDE_S, U, S,
-                      SLOT, TEXT)  # fmt: skip
+        if _EMULATE:  # the interpreter reads the step this trip multiplies straight from global memory
+            w = _load_weights((read_w,), (read_s,), STRIDE_W, STRIDE_S, 32, U, 1, "")
+        else:
+            w = ring_trip(wa, sa, (r + S - 1 < steps).to(tl.int32), j, sel, STRIDE_W, STRIDE_S, U, S, SLOT, TEXT)
         wa += U * _W_BYTES
-        sa += U * 8
+        sa += U * _S_BYTES
         if r >= 0:
             # the step's activations at the step: carried one step ahead through this branch they cost a register
             # move each (sm_90 SASS), and the lines are L1 hits after the first warp of the SM
             acc = mma_step((acc,), w, _load_xs(xa, U, NT), 1, NT, U)[0]
             read_w += U * _W_BYTES
-            read_s += U * 8
+            read_s += U * _S_BYTES
             xa = _advance(xa, U * _X_BYTES)
     return (acc,)
 

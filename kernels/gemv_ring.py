@@ -10,19 +10,17 @@ thread reads back only what it copied. The scales travel as the aligned 4-byte p
 copies 4, 8 or 16 bytes; with groups of 32 its half is the same every step) and a prmt picks the half. Static shared
 memory caps a program's ring, with the kernel's own, at 48 KB (configs.RING_LIMIT).
 
-Under Triton's interpreter the statement is emulated by loading the step it reads straight from global memory.
+Under Triton's interpreter gemv_mma.ring_mainloop loads the step a trip reads straight from global memory instead.
 """
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
-from . import emulate
-from .configs import TILE_K, slot_bytes
-from .emulate import INTERPRETED
-
-_EMULATE = tl.constexpr(INTERPRETED)
+from .configs import slot_bytes
 
 
 def ring_asm(u: int, stages: int, threads: int, hint: str) -> str:
@@ -64,26 +62,19 @@ def _regroup(v, U: tl.constexpr):
 
 
 @triton.jit
-def ring_trip(wa, sa, read_w, read_s, issue, j, sel, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
-              U: tl.constexpr, S: tl.constexpr, SLOT: tl.constexpr, TEXT: tl.constexpr):  # fmt: skip
+def ring_trip(wa, sa, issue, j, sel, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, U: tl.constexpr,
+              S: tl.constexpr, SLOT: tl.constexpr, TEXT: tl.constexpr):  # fmt: skip
     """Trip j: issue the step at word / scale-pair addresses wa / sa (if issue), and return the U tiles of the step
-    S - 1 before it (_load_w_rows' registers per tile). read_w / read_s: that step's word and scale addresses, which
-    only the interpreter's emulation reads (the compiled code drops them)."""
-    if _EMULATE:
-        out = ()
-        for t in tl.static_range(U):
-            w = read_w + t * (TILE_K // 2)
-            s = read_s + t * 8
-            out = out + (emulate.load_w_rows(w, w + 8 * 4 * STRIDE_W, s, s + 8 * 2 * STRIDE_S),)
-        return out
-    else:
-        v = tl.inline_asm_elementwise(
-            TEXT, ("=r," * 8 + "=h,=h,") * U + "l,l,l,l,r,r,r,r",
-            [wa, wa + 8 * 4 * STRIDE_W, sa, sa + 8 * 2 * STRIDE_S, issue, (j % S) * SLOT, ((j + 1) % S) * SLOT, sel],
-            dtype=((tl.int32,) * 8 + (tl.bfloat16,) * 2) * U, is_pure=False, pack=1)  # fmt: skip
-        return _regroup(v, U)
+    S - 1 before it (_load_w_rows' registers per tile). Compiled code only: under the interpreter
+    gemv_mma.ring_mainloop reads that step straight from global memory."""
+    v = tl.inline_asm_elementwise(
+        TEXT, ("=r," * 8 + "=h,=h,") * U + "l,l,l,l,r,r,r,r",
+        [wa, wa + 8 * 4 * STRIDE_W, sa, sa + 8 * 2 * STRIDE_S, issue, (j % S) * SLOT, ((j + 1) % S) * SLOT, sel],
+        dtype=((tl.int32,) * 8 + (tl.bfloat16,) * 2) * U, is_pure=False, pack=1)  # fmt: skip
+    return _regroup(v, U)
 
 
+@functools.cache  # (per launch on the decode path: built once per config)
 def ring_text(u: int, stages: int, threads: int, l2_prefetch: int) -> str:
     """ring_asm for a launch (the L2 prefetch hint as GemvConfig.l2_prefetch gives it)."""
     return ring_asm(u, stages, threads, f".L2::{l2_prefetch}B" if l2_prefetch else "")
