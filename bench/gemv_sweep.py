@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
 
-    python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,ring,
-                                                              epilogue,regs]
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,epilogue,
+                                                              regs]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
 (graph_us), each output checked against an fp32 reference; per-variant geomean speedups over bf16 F.linear and the
@@ -9,10 +9,9 @@ best variant per shape. final: the short list per M (1, 2, 4, 16), then the winn
 this process and bench/kernels.py's dense table run with them. tma: the descriptor variants. lora: the decode LoRA
 in the GEMV's launch or after it. mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs.
 m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against the dispatch; shapes: the shipped mma
-configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step;
-ring: the weights through gemv_ring.py's cp.async ring. epilogue: the mma GEMV's direct store against its tile
-epilogue. m16x: the M = 16 kernels with 16 activation rows and with one row 16 times (stride 0), and M = 1. regs:
-the mma GEMV with and without a register cap.
+configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
+epilogue: the mma GEMV's direct store against its tile epilogue. m16x: the M = 16 kernels with 16 activation rows
+and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a register cap.
 """
 
 from __future__ import annotations
@@ -170,16 +169,6 @@ def section_m16u(deadline: float) -> None:
                 for name, cfg in (("one-rowtile", configs._GEMV_MMA), ("two-rowtiles", configs._GEMV_MMA_TWO_ROWTILES),
                                   ("long-k", configs._GEMV_MMA_LONG_K)) for u in (1, 2)}  # fmt: skip
     section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
-
-
-def section_ring(deadline: float) -> None:
-    """GemvConfig.mma_ring (the weights through a thread-private cp.async ring, gemv_ring.py) against the shipped
-    one-row-tile config at 1, 8 and 16 rows: stages 3-4, one or two K tiles a step, 4 or 8 warps a program (48 KB
-    of shared memory caps stages x tiles x warps: configs.RING_LIMIT)."""
-    variants = {"shipped": configs._GEMV_MMA, "u1": replace(configs._GEMV_MMA, mma_tiles=1)}
-    for u, nw, stages in ((1, 8, 3), (2, 4, 3), (2, 4, 4), (1, 4, 4)):
-        variants[f"ring{stages}/u{u}/w{nw}"] = replace(configs._GEMV_MMA, mma_tiles=u, num_warps=nw, mma_ring=stages)
-    section_gemv(deadline, {m: variants for m in (1, 8, 16)}, dispatched=True)
 
 
 def section_epilogue(deadline: float) -> None:
@@ -489,7 +478,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
-                "m16u": section_m16u, "ring": section_ring, "epilogue": section_epilogue, "regs": section_regs}
+                "m16u": section_m16u, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

@@ -122,8 +122,6 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
-    # stages of a thread-private shared-memory ring the weights go through by cp.async (gemv_ring.py); 0: registers
-    mma_ring: int = 0
 
     @property
     def launch_options(self) -> dict:
@@ -143,16 +141,6 @@ class GemvConfig:
             raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
         if self.mma_tiles not in (1, 2, 4) or self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
-        if self.mma_ring:
-            if self.mma_ring < 2 or self.block_n != 16:
-                raise ValueError(f"GemvConfig.mma_ring takes 0 or 2+ stages at block_n 16, got {self.mma_ring} at "
-                                 f"block_n {self.block_n}")  # fmt: skip
-            ring = 32 * self.num_warps * self.mma_ring * slot_bytes(self.mma_tiles)
-            if ring + TRITON_SMEM_PER_WARP * self.num_warps > RING_LIMIT:
-                raise ValueError(f"GemvConfig.mma_ring: {self.mma_ring} stages of {self.mma_tiles} K tiles for "
-                                 f"{self.num_warps} warps take {ring} bytes of static shared memory, and with the "
-                                 f"kernel's own {TRITON_SMEM_PER_WARP} a warp exceed {RING_LIMIT}; take fewer "
-                                 f"stages, tiles or warps")  # fmt: skip
         if self.k_iters < 0 or self.programs_per_sm < 1:
             raise ValueError("GemvConfig.k_iters must be >= 0 and programs_per_sm >= 1")
         # 255: the hardware's maximum per thread; 24: setmaxnreg's floor (no kernel here fits below it unspilled)
@@ -259,16 +247,6 @@ def fuse_lora(m: int, k: int, cfg: GemvConfig) -> bool:
 
 
 TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32 values
-# Shared memory a CTA may hold without opting in (static + dynamic): GemvConfig.mma_ring's static ring (gemv_ring.py)
-# plus what Triton allocates the mma GEMV for its cross-warp sum, 512 bytes a warp (compiled metadata, sm_90).
-RING_LIMIT = 48 * 1024
-TRITON_SMEM_PER_WARP = 512
-
-
-def slot_bytes(u: int) -> int:
-    """A thread's ring bytes per stage for u K tiles a step (gemv_ring.py): 16 of words per row (g, g + 8) and tile,
-    then 4 of scale pair per row and tile, on 16 bytes."""
-    return -(-40 * u // 16) * 16
 
 
 def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
@@ -279,7 +257,7 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
     step = TILE_K * cfg.mma_tiles
     return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
             and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
-            and w.values.data_ptr() % 16 == 0 and (not cfg.mma_ring or (w.group == 32 and not stacked)))  # fmt: skip
+            and w.values.data_ptr() % 16 == 0)  # fmt: skip
 
 
 def max_row_tiles(rows: int, block_m: int, experts: int) -> int:

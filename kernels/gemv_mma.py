@@ -21,9 +21,6 @@ programs, whose partials, ticket and final sum add a 2.5-3.3 us tail to every la
   no K split across programs, no tail. Without LoRA each sum is stored by the thread that holds it; no output tile
   is assembled (configs.MMA_DIRECT_STORE). The two together took 7 % off the M = 1 launch (bench/RESULTS.md).
 
-GemvConfig.mma_ring puts the weights through a thread-private cp.async ring in shared memory instead
-(gemv_ring.py, ring_mainloop): S - 1 steps in flight without holding registers for them.
-
 Under Triton's interpreter the PTX helpers are emulated with the same per-lane registers (emulate.py), so the kernels
 that use them run in CPU tests.
 
@@ -45,7 +42,6 @@ from .emulate import INTERPRETED
 from .formats import PackedWeight
 from .gemv_lora import N_COUNTERS, LoraDelta, lora_arrive, lora_leave, lora_rank_program
 from .gemv_out import flat_program, launch_args, store_out
-from .gemv_ring import ring_text, ring_trip, slot_bytes
 from .pdl import launch_dependents, use_pdl, wait_for_producers
 from .timeline import stamp
 
@@ -276,50 +272,6 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
 
 
 @triton.jit
-def _opaque(v):
-    """v, as a value the compiler cannot see through."""
-    if _EMULATE:
-        return v
-    else:
-        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def ring_mainloop(w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
-                  NT: tl.constexpr, U: tl.constexpr, S: tl.constexpr, SLOT: tl.constexpr, TEXT: tl.constexpr,
-                  NW: tl.constexpr):  # fmt: skip
-    """mma_mainloop's accumulators for one row tile a warp, the weights through gemv_ring.py's ring of S stages: trip
-    j issues step j and multiplies step j - S + 1; the first S - 1 trips only issue. w_lane / s_lane: the lane's
-    lane_addresses (one base), x_lane: its activation_lanes. The activations load into registers at their step."""
-    steps = tiles_per_warp // U
-    _S_BYTES: tl.constexpr = _TILE_K // 32 * 2  # scales a K tile (groups of 32, configs.mma_ok)
-    sel = tl.where((s_lane & 2) != 0, 0x3232, 0x1010).to(tl.int32)  # its scale's half of the aligned pair
-    wa = w_lane
-    sa = s_lane & -4
-    read_w = w_lane
-    read_s = s_lane
-    xa = x_lane
-    acc = zero_accumulators(1, NT, NW)[0]
-    for j in range(0, steps + S - 1):
-        r = _opaque(j - (S - 1))  # the step it multiplies; opaque, or LLVM peels the trips that only issue and
-        # copies the ring's asm statement with them (three rings at S = 3, tests/kernels/test_compile_sm90.py)
-        if _EMULATE:  # the interpreter reads the step this trip multiplies straight from global memory
-            w = _load_weights((read_w,), (read_s,), STRIDE_W, STRIDE_S, 32, U, 1, "")
-        else:
-            w = ring_trip(wa, sa, (r + S - 1 < steps).to(tl.int32), j, sel, STRIDE_W, STRIDE_S, U, S, SLOT, TEXT)
-        wa += U * _W_BYTES
-        sa += U * _S_BYTES
-        if r >= 0:
-            # the step's activations at the step: carried one step ahead through this branch they cost a register
-            # move each (sm_90 SASS), and the lines are L1 hits after the first warp of the SM
-            acc = mma_step((acc,), w, _load_xs(xa, U, NT), 1, NT, U)[0]
-            read_w += U * _W_BYTES
-            read_s += U * _S_BYTES
-            xa = _advance(xa, U * _X_BYTES)
-    return (acc,)
-
-
-@triton.jit
 def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr):
     """One step's products: acc[m] += row tile m of each of the U K tiles (w: _load_weights') x the activations xv
     (_load_xs')."""
@@ -379,8 +331,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr, GROUP: tl.constexpr,
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
-                     STAMPS: tl.constexpr, DIRECT: tl.constexpr, RING: tl.constexpr, SLOT: tl.constexpr,
-                     RING_TEXT: tl.constexpr):  # fmt: skip
+                     STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -397,20 +348,13 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP)
         w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (_load_weights)
         x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT)
-        if RING:  # (the ring issues the first steps in its loop)
-            wait_for_producers(PDL, False)
-            arrived = lora_arrive(lt, LORA)
-            stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
-            acc = ring_mainloop(w_lane[0], s_lane[0], x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, NT, U, RING, SLOT,
-                                RING_TEXT, NW)  # fmt: skip
-        else:
-            # frozen weights: loaded before the PDL wait
-            nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
-            wait_for_producers(PDL, False)
-            arrived = lora_arrive(lt, LORA)
-            stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
-            acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U,
-                               LOAD, NW)  # fmt: skip
+        # frozen weights: loaded before the PDL wait
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
+        wait_for_producers(PDL, False)
+        arrived = lora_arrive(lt, LORA)
+        stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
+        acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
+                           NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -474,8 +418,6 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
         U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
-        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, RING=cfg.mma_ring,
-        SLOT=slot_bytes(cfg.mma_tiles), RING_TEXT=ring_text(cfg.mma_tiles, cfg.mma_ring, 32 * nw, cfg.l2_prefetch)
-        if cfg.mma_ring else "", **launch.constexprs, **cfg.launch_options,
+        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out

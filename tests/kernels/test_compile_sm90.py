@@ -35,8 +35,7 @@ def ptxas_report(src, **options):
     usage = ptxas_usage(compiled.asm["ptx"])
     layouts = sorted({line.split(" = ", 1)[1] for line in compiled.asm["ttgir"].splitlines()
                       if line.startswith("#blocked")})
-    return {"registers": usage["registers"], "spills": usage["spills"], "layouts": layouts,
-            "rings": compiled.asm["ptx"].count(".shared .align 16 .b8 ring[")}  # gemv_ring.py's, one per kernel
+    return {"registers": usage["registers"], "spills": usage["spills"], "layouts": layouts}
 
 
 report = {}
@@ -64,23 +63,18 @@ for lora in (False, True):  # the descriptor kernel as configs._GEMV_TALL runs i
     src = ASTSource(fn=gemv._gemv_tma_kernel, signature=sig, constexprs=constexprs)
     report[f"tma-lora{int(lora)}"] = ptxas_report(src, num_warps=1)
 
-from orbit_lightning.kernels import configs as kconfigs, gemv_mma, gemv_ring
+from orbit_lightning.kernels import gemv_mma
 
 names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
-
-for mt, nt, nw, lora, u, ring in ((1, 1, 8, False, 2, 0), (1, 1, 8, True, 2, 0), (2, 1, 8, False, 2, 0),
-                                  (1, 1, 4, False, 1, 0), (1, 2, 8, True, 1, 0), (1, 1, 8, False, 1, 3),
-                                  (1, 1, 4, False, 2, 4)):  # shipped M = 1 first; nt 2 serves 8 < M <= 16
+for mt, nt, nw, lora, u in ((1, 1, 8, False, 2), (1, 1, 8, True, 2), (2, 1, 8, False, 2), (1, 1, 4, False, 1),
+                             (1, 2, 8, True, 1)):  # shipped M = 1 first; the last serves 8 < M <= 16
     const = dict(GROUP=32, MT=mt, NT=nt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=nw, ONE_ROW=nt == 1, PDL=True,
-                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=18432 // 8, STRIDE_S=18432 // 32,
-                 RING=ring, SLOT=kconfigs.slot_bytes(u),
-                 RING_TEXT=gemv_ring.ring_text(u, ring, 32 * nw, 128) if ring else "")  # K 18432
+                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=18432 // 8, STRIDE_S=18432 // 32)  # K 18432
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
            for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    name = f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}" + (f"-ring{ring}" if ring else "")
-    report[name] = ptxas_report(src, num_warps=nw)
+    report[f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}"] = ptxas_report(src, num_warps=nw)
 
 import importlib
 
@@ -169,8 +163,7 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     report = _report()
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
-                           "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "mma-mt1-nt1-u1-lora0-ring3",
-                           "mma-mt1-nt1-u2-lora0-ring4", "rope-norm0", "rope-norm1",
+                           "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1", "rope-norm0", "rope-norm1",
                            "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
                            "_combine_backward_kernel", "_sort_kernel", "_softmax_topk_kernel",
                            "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",
@@ -192,9 +185,7 @@ def test_mma_gemv_keeps_one_element_per_thread_and_few_registers():
     report = _report()
     for name in [n for n in report if n.startswith("mma")]:
         grouped = name.startswith("mma-grouped")
-        nw = 4 if name in ("mma-mt1-nt1-u1-lora0", "mma-mt1-nt1-u2-lora0-ring4") or grouped else 8
+        nw = 4 if name == "mma-mt1-nt1-u1-lora0" or grouped else 8
         one_per_thread = f"<{{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [{nw}], order = [0]}}>"
         assert f"#ttg.blocked{one_per_thread}" in report[name]["layouts"], report[name]["layouts"]
         assert report[name]["registers"] <= (168 if grouped else 128) and not report[name]["spills"], report[name]
-        # gemv_ring.py's ring lives in one asm statement: a second copy of it would be a second, empty ring
-        assert report[name]["rings"] == ("-ring" in name), (name, report[name]["rings"])

@@ -37,12 +37,6 @@ def test_warps_split_k_evenly_and_fill_the_sms():
         GemvConfig(16, 64, 128, mma=True)
     with pytest.raises(ValueError, match="mma_tiles"):
         GemvConfig(16, 16, 128, mma=True, mma_tiles=3)
-    with pytest.raises(ValueError, match="mma_ring takes 0 or 2"):
-        GemvConfig(16, 32, 128, mma=True, mma_ring=3)  # one row tile a warp only
-    with pytest.raises(ValueError, match="take 61440 bytes of static shared memory"):
-        GemvConfig(16, 16, 128, mma=True, num_warps=8, mma_tiles=2, mma_ring=3)  # 256 threads x 3 x 80 bytes
-    with pytest.raises(ValueError, match="own 512 a warp exceed 49152"):
-        GemvConfig(16, 16, 128, mma=True, num_warps=8, mma_ring=4)  # 48 KB of ring: none left for the kernel's
 
 
 def test_the_mma_kernel_serves_only_what_it_reads():
@@ -53,15 +47,10 @@ def test_the_mma_kernel_serves_only_what_it_reads():
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
     assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
-    ring = replace(cfg, mma_ring=3)  # the ring's scale pairs assume groups of 32
-    for fmt, ok in (("int4", True), ("int4-g128", False)):
-        packed, _ = random_weight(fmt, (64, 256), seed=0)
-        assert configs.mma_ok(resolve(fmt, packed, stacked=False), ring) == ok, fmt
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "ring-3",
-                                  "ring-4-two-tiles"])
+@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -70,9 +59,6 @@ def test_mma_gemv_under_the_interpreter(case):
         "two-rowtiles": (96, 512, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2), "int4"),
         "g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g128"),
         "one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1), "int4"),
-        # the weights through gemv_ring.py's ring: more steps than stages, and fewer (the loop only fills the ring)
-        "ring-3": (48, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_ring=3), "int4"),
-        "ring-4-two-tiles": (32, 512, GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_tiles=2, mma_ring=4), "int4"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -103,9 +89,6 @@ CASES = {  # name: (format, N, K, config)
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
-    "ring-3": ("int4", 6144, 4096, replace(_MMA, mma_tiles=1, mma_ring=3)),  # gemv_ring.py
-    "ring-4-two-tiles": ("int4", 4096, 12288, replace(_MMA, num_warps=4, mma_ring=4)),
-    "ring-fills-only": ("int4", 1024, 1024, replace(_MMA, num_warps=4, mma_ring=4)),  # 1 step a warp: < S - 1
 }
 
 
