@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
 
-    python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,epilogue,
-                                                              regs]
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,floor,
+                                                              epilogue,regs]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
 (graph_us), each output checked against an fp32 reference; per-variant geomean speedups over bf16 F.linear and the
@@ -10,7 +10,8 @@ this process and bench/kernels.py's dense table run with them. tma: the descript
 in the GEMV's launch or after it. mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs.
 m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against the dispatch; shapes: the shipped mma
 configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
-epilogue: the mma GEMV's direct store against its tile epilogue. m16x: the M = 16 kernels with 16 activation rows
+epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
+and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows
 and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a register cap.
 """
 
@@ -169,6 +170,60 @@ def section_m16u(deadline: float) -> None:
                 for name, cfg in (("one-rowtile", configs._GEMV_MMA), ("two-rowtiles", configs._GEMV_MMA_TWO_ROWTILES),
                                   ("long-k", configs._GEMV_MMA_LONG_K)) for u in (1, 2)}  # fmt: skip
     section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
+
+
+def section_floor(deadline: float) -> None:
+    """Where the small weights' time goes at M = 1: per N x K, bf16 F.linear and the dispatched int4 GEMV with a cold
+    L2 (graph_us) and warm (the same graph without the flush, the weights L2-resident), the GEMV with PDL off, and
+    mma configs with more warps a program (shorter K runs a warp); an empty kernel (zero_ of 4 bytes) for scale."""
+    from orbit_lightning.kernels import pdl
+
+    say("\n== floor: small GEMVs at M = 1, us (cold = graph_us; warm = no flush) ==")
+    one = torch.zeros(1, device="cuda")
+    say(f"empty kernel: cold {graph_us(one.zero_):.2f} warm {warm_us(one.zero_):.2f}")
+    fmt = get_format("int4")
+    more_warps = {f"w{nw}/p{pps}/t{t}": replace(configs._GEMV_MMA, num_warps=nw, programs_per_sm=pps, mma_tiles=t)
+                  for nw, pps, t in ((16, 32, 2), (16, 48, 1), (16, 64, 1), (8, 48, 1))}  # fmt: skip
+    for n, k in ((2048, 512), (2048, 4096), (5120, 2048), (4096, 4096), (6144, 4096)):
+        if time.time() > deadline:
+            return
+        packed, w, wdq, wbf = layer_case(fmt, n, k)
+        x = torch.randn(1, k, device="cuda").bfloat16()
+        ref, bound = reference(x, wdq)
+        cold = {"bf16": graph_us(F.linear, x, wbf), "int4": graph_us(kernels.int4_linear, x, packed)}
+        warm = {"bf16": warm_us(F.linear, x, wbf), "int4": warm_us(kernels.int4_linear, x, packed)}
+        pdl.ENABLED = False
+        try:
+            cold["int4 no PDL"] = graph_us(kernels.int4_linear, x, packed)
+        finally:
+            pdl.ENABLED = True
+        for name, cfg in more_warps.items():
+            y = run_gemv(x, w, cfg)
+            assert ((y.float() - ref).abs() <= bound).all(), name
+            cold[name] = graph_us(run_gemv, x, w, cfg)
+        say(f"{n:5} x {k:5} ({packed_bytes(packed) / 1e6:5.2f} MB int4) | cold " + ", ".join(
+            f"{a} {t:.2f}" for a, t in cold.items()) + " | warm " + ", ".join(f"{a} {t:.2f}" for a, t in warm.items()))
+        del wdq, wbf
+        torch.cuda.empty_cache()
+
+
+def warm_us(fn, *args, reps: int = 20) -> float:
+    """GPU time of fn(*args) a call, in a CUDA graph of `reps` back-to-back calls (inputs L2-resident after one)."""
+    fn(*args)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn(*args)
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[3] * 1e3 / reps
 
 
 def section_epilogue(deadline: float) -> None:
@@ -478,7 +533,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
-                "m16u": section_m16u, "epilogue": section_epilogue, "regs": section_regs}
+                "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)
