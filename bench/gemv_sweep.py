@@ -12,8 +12,8 @@ m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against t
 configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
 epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
 and off, more warps a program. early: the mma configs with the next step's loads first. m16x: the M = 16 kernels
-with 16 activation rows and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a
-register cap.
+with 16 activation rows
+and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a register cap.
 """
 
 from __future__ import annotations
