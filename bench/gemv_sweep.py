@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
 
     python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,floor,
-                                                              early,epilogue,regs]
+                                                              epilogue,regs]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
 (graph_us), each output checked against an fp32 reference; per-variant geomean speedups over bf16 F.linear and the
@@ -11,8 +11,7 @@ in the GEMV's launch or after it. mma: gemv_mma.py's variants at M = 1 against t
 m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against the dispatch; shapes: the shipped mma
 configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
 epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
-and off, more warps a program. early: the mma configs with the next step's loads first. m16x: the M = 16 kernels
-with 16 activation rows
+and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows
 and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a register cap.
 """
 
@@ -171,17 +170,6 @@ def section_m16u(deadline: float) -> None:
                 for name, cfg in (("one-rowtile", configs._GEMV_MMA), ("two-rowtiles", configs._GEMV_MMA_TWO_ROWTILES),
                                   ("long-k", configs._GEMV_MMA_LONG_K)) for u in (1, 2)}  # fmt: skip
     section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
-
-
-def section_early(deadline: float) -> None:
-    """GemvConfig.mma_early_loads (the next step's loads before this step's products: 117 registers at one row tile
-    under the device's ptxas against 80) on the shipped mma configs at 1, 8 and 16 rows, against the dispatch: for
-    grids of at most two programs per SM, where no other warps hide a warp's own load latency (section floor)."""
-    base = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
-            "long-k": configs._GEMV_MMA_LONG_K}
-    variants = {**base, **{f"{name}-early": replace(c, mma_early_loads=True) for name, c in base.items()}}
-    at16 = {name: replace(c, mma_tiles=1) for name, c in variants.items()}
-    section_gemv(deadline, {1: variants, 8: variants, 16: at16}, dispatched=True)
 
 
 def section_floor(deadline: float) -> None:
@@ -545,8 +533,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
-                "m16u": section_m16u, "floor": section_floor, "early": section_early,
-                "epilogue": section_epilogue, "regs": section_regs}
+                "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

@@ -122,7 +122,6 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
-    mma_early_loads: bool = False  # the next step's loads before this step's products (gemv_mma.mma_mainloop)
 
     @property
     def launch_options(self) -> dict:

@@ -249,7 +249,7 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr, EARLY: tl.constexpr = False):  # fmt: skip
+                 NW: tl.constexpr):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
     tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
@@ -260,21 +260,14 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
     # peeled off, so no load here is predicated. The next step's loads follow this step's products in the source:
     # with them first, triton 3.6's ptxas issued them all before the products and kept both steps live (117
     # registers at one row tile, 140 at two, against 80 and 128 this way in 3.6 and 3.9; sm_90 SASS, 161 instructions
-    # a K tile at M = 1). Other warps hide their latency. EARLY (GemvConfig.mma_early_loads) puts the loads first:
-    # more registers, for grids too small to have other warps (a warp then waits out its own next step's latency).
+    # a K tile at M = 1). Other warps hide their latency.
     for _i in range(U, tiles_per_warp, U):
         w_lane = _advance(w_lane, U * _W_BYTES)
         s_lane = _advance(s_lane, U * (_TILE_K // GROUP) * 2)
         x_lane = _advance(x_lane, U * _X_BYTES)
-        if EARLY:
-            w_ahead = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
-            x_ahead = _load_xs(x_lane, U, NT)
-            acc = mma_step(acc, nxt, x_nxt, MT, NT, U)
-            nxt, x_nxt = w_ahead, x_ahead
-        else:
-            acc = mma_step(acc, nxt, x_nxt, MT, NT, U)
-            nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
-            x_nxt = _load_xs(x_lane, U, NT)
+        acc = mma_step(acc, nxt, x_nxt, MT, NT, U)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
+        x_nxt = _load_xs(x_lane, U, NT)
     return mma_step(acc, nxt, x_nxt, MT, NT, U)
 
 
@@ -338,7 +331,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr, GROUP: tl.constexpr,
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
-                     STAMPS: tl.constexpr, DIRECT: tl.constexpr, EARLY: tl.constexpr):  # fmt: skip
+                     STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -361,7 +354,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, EARLY)
+                           NW)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -424,7 +417,7 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
-        U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, EARLY=cfg.mma_early_loads, ONE_ROW=m == 1, PDL=pdl,
+        U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
         launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out

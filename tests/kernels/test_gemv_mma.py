@@ -50,7 +50,7 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "early-loads"])
+@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -59,7 +59,6 @@ def test_mma_gemv_under_the_interpreter(case):
         "two-rowtiles": (96, 512, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2), "int4"),
         "g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g128"),
         "one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1), "int4"),
-        "early-loads": (32, 768, GemvConfig(16, 32, 128, mma=True, num_warps=1, mma_early_loads=True), "int4"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -90,8 +89,6 @@ CASES = {  # name: (format, N, K, config)
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
-    "early-loads": ("int4", 2048, 4096, replace(_MMA, mma_early_loads=True)),
-    "early-loads-two-rowtiles": ("int4", 4096, 2048, replace(configs._GEMV_MMA_TWO_ROWTILES, mma_early_loads=True)),
 }
 
 
