@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
 
     python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,floor,
-                                                              epilogue,warpsum,regs]
+                                                              epilogue,regs]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
 (graph_us), each output checked against an fp32 reference; per-variant geomean speedups over bf16 F.linear and the
@@ -10,10 +10,9 @@ this process and bench/kernels.py's dense table run with them. tma: the descript
 in the GEMV's launch or after it. mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs.
 m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against the dispatch; shapes: the shipped mma
 configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
-epilogue: the mma GEMV's direct store against its tile epilogue. warpsum: its cross-warp sum in inline PTX or by
-Triton. floor: small GEMVs at M = 1 cold and warm, PDL on and off, more warps a program. m16x: the M = 16 kernels
-with 16 activation rows and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a
-register cap.
+epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
+and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows
+and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a register cap.
 """
 
 from __future__ import annotations
@@ -229,20 +228,9 @@ def warm_us(fn, *args, reps: int = 20) -> float:
 
 def section_epilogue(deadline: float) -> None:
     """The mma GEMV's epilogue A/B (configs.MMA_DIRECT_STORE): outputs stored straight from the cross-warp sum, or
-    assembled into a tile first, at M = 1, 4 and 8 on the 12 dense shapes."""
-    flag_ab(deadline, "MMA_DIRECT_STORE", "direct", "tile", (1, 4, 8))
-
-
-def section_warpsum(deadline: float) -> None:
-    """The direct store's cross-warp sum A/B (configs.MMA_ASM_SUM): one shared-memory round trip of inline PTX, or
-    Triton's reduction, at M = 1, 8 and 16."""
-    flag_ab(deadline, "MMA_ASM_SUM", "asm", "triton", (1, 8, 16))
-
-
-def flag_ab(deadline: float, flag: str, on: str, off: str, ms: tuple[int, ...]) -> None:
-    """kernels.int4_linear with the boolean configs.<flag> on (shipped) and off on the 12 dense shapes at each M in
-    ms; graph_us medians over three alternating rounds (one machine, one process), outputs compared bit for bit."""
-    say(f"\n== {on} / {off} (configs.{flag}), graph_us, us ==")
+    assembled into a tile first, at M = 1, 4 and 8 on the 12 dense shapes; graph_us medians over alternating rounds
+    (one machine, one process), outputs compared bit for bit."""
+    say("\n== mma GEMV epilogue: direct store / tile (configs.MMA_DIRECT_STORE), graph_us, us ==")
     fmt = get_format("int4")
     ratios: dict[int, list[float]] = {}
     for model, layers in bk.DENSE.items():
@@ -250,25 +238,25 @@ def flag_ab(deadline: float, flag: str, on: str, off: str, ms: tuple[int, ...]) 
             if time.time() > deadline:
                 return
             packed, w, wdq, wbf = layer_case(fmt, n, k)
-            for m in ms:
+            for m in (1, 4, 8):
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 t: dict[bool, list[float]] = {True: [], False: []}
                 outs = {}
                 try:
                     for _ in range(3):
-                        for value in (True, False):
-                            setattr(configs, flag, value)
-                            outs[value] = kernels.int4_linear(x, packed)
-                            t[value].append(graph_us(kernels.int4_linear, x, packed))
+                        for direct in (True, False):
+                            configs.MMA_DIRECT_STORE = direct
+                            outs[direct] = kernels.int4_linear(x, packed)
+                            t[direct].append(graph_us(kernels.int4_linear, x, packed))
                 finally:
-                    setattr(configs, flag, True)
-                a, b = sorted(t[True])[1], sorted(t[False])[1]
-                ratios.setdefault(m, []).append(b / a)
-                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} | bf16 {graph_us(F.linear, x, wbf):6.1f} | {on} {a:6.2f} "
-                    f"{off} {b:6.2f} ({b / a:.3f}) | equal {torch.equal(outs[True], outs[False])}")
+                    configs.MMA_DIRECT_STORE = True
+                d, tile = sorted(t[True])[1], sorted(t[False])[1]
+                ratios.setdefault(m, []).append(tile / d)
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m} | bf16 {graph_us(F.linear, x, wbf):6.1f} | direct {d:6.2f} "
+                    f"tile {tile:6.2f} ({tile / d:.3f}) | equal {torch.equal(outs[True], outs[False])}")
             del wdq, wbf
             torch.cuda.empty_cache()
-    say(f"geomean {off} / {on}: " + ", ".join(f"M={m} {gm(v):.3f}" for m, v in ratios.items()))
+    say("geomean tile / direct: " + ", ".join(f"M={m} {gm(v):.3f}" for m, v in ratios.items()))
 
 
 def section_m16x(deadline: float) -> None:
@@ -545,8 +533,7 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
-                "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue,
-                "warpsum": section_warpsum, "regs": section_regs}
+                "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

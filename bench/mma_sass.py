@@ -66,8 +66,7 @@ def compile_sass(mt: int, nt: int, u: int, k: int, lora: bool = False, num_warps
     """(SASS, cuobjdump's resource usage) of _gemv_mma_kernel for sm_90a, int4 g32 weights with K = k."""
     names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
     const = dict(GROUP=32, MT=mt, NT=nt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=num_warps, ONE_ROW=nt == 1, PDL=True,
-                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=k // 8, STRIDE_S=k // 32, ASM_SUM=True,
-                 SUM_TEXT=gemv_mma._WARP_SUM[num_warps])  # fmt: skip
+                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=k // 8, STRIDE_S=k // 32)  # fmt: skip
     sig = {n: "constexpr" if n in const else _POINTERS.get(n, "i32") for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
                     constexprs={(names.index(n),): v for n, v in const.items()})  # fmt: skip

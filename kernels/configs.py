@@ -312,9 +312,6 @@ def tma_ok(w: PackedWeight, cfg: GemvConfig) -> bool:
 # assembled into a tile first (the LoRA epilogue's path); set False to compare (bench/gemv_sweep.py --sections
 # epilogue). The sums are the same either way.
 MMA_DIRECT_STORE = True
-# The direct store's cross-warp sum in one shared-memory round trip of inline PTX (gemv_mma._warp_sum) instead of
-# Triton's reduction; set False to compare (bench/gemv_sweep.py --sections warpsum).
-MMA_ASM_SUM = True
 # Decode int4 with the packed-bf16 PTX path when activations are bf16 (see dequant.py); set False to
 # force the generic fp32 decoder, e.g. to compare the two bit for bit.
 FAST_INT4 = True

@@ -121,13 +121,3 @@ def tile(w, x, acc, NT: tl.constexpr):
         c2, c3 = _mma(row_g8, cols)
         out = out + (acc[4 * j] + c0, acc[4 * j + 1] + c1, acc[4 * j + 2] + c2, acc[4 * j + 3] + c3)
     return out
-
-
-@triton.jit
-def warp_sum(c0, c1, c2, c3, NW: tl.constexpr):
-    """gemv_mma._warp_sum: each lane's four accumulators summed over the program's NW warps, in every warp."""
-    out = ()
-    for c in (c0, c1, c2, c3):
-        total = tl.sum(tl.reshape(c, (NW, 32)), axis=0)  # [32 lanes]
-        out = out + (tl.reshape(tl.broadcast_to(total[None, :], (NW, 32)), (NW * 32,)),)
-    return out

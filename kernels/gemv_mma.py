@@ -298,51 +298,6 @@ def _warp_reduce(c0, c1, c2, c3, NW: tl.constexpr):
     return tl.sum(tl.reshape(c, (NW, 128)), axis=0)
 
 
-def _warp_sum_asm(nw: int) -> str:
-    """PTX: the lane's four accumulators ($4-$7) summed over the program's nw warps in warp order, left in every
-    warp's lane ($0-$3). One shared-memory round trip behind one CTA barrier, against Triton's reduction of the same
-    sums (_warp_reduce: 9 barriers at M = 1); the array is declared in the statement (one statement, one array)."""
-    lines = ["{", f".shared .align 16 .b8 partials[{nw * 512}];", ".reg .u32 base, a;", ".reg .f32 t<4>;",
-             "mov.u32 base, partials;", "mov.u32 a, %tid.x;", "shl.b32 a, a, 4;", "add.u32 a, a, base;",
-             "st.shared.v4.f32 [a], {$4, $5, $6, $7};", "bar.sync 0;", "mov.u32 a, %tid.x;", "and.b32 a, a, 31;",
-             "shl.b32 a, a, 4;", "add.u32 a, a, base;", "ld.shared.v4.f32 {$0, $1, $2, $3}, [a];"]  # fmt: skip
-    for w in range(1, nw):
-        lines.append(f"ld.shared.v4.f32 {{t0, t1, t2, t3}}, [a + {512 * w}];")
-        lines += [f"add.f32 ${i}, ${i}, t{i};" for i in range(4)]
-    lines.append("}")
-    return "\n".join(lines)
-
-
-_WARP_SUM = {nw: _warp_sum_asm(nw) for nw in (2, 4, 8, 16)}
-
-
-@triton.jit
-def _warp_sum(c0, c1, c2, c3, NW: tl.constexpr, TEXT: tl.constexpr):
-    """The accumulators of one row tile and n8 tile summed over the program's warps (their K ranges) in warp order,
-    as four registers laid out as each warp's own (lane (g, t): rows g, g + 8 at activation rows 2t, 2t + 1)."""
-    if NW == 1:
-        return c0, c1, c2, c3
-    if _EMULATE:
-        return emulate.warp_sum(c0, c1, c2, c3, NW)
-    return tl.inline_asm_elementwise(TEXT, "=f,=f,=f,=f,f,f,f,f", [c0, c1, c2, c3], dtype=(tl.float32,) * 4,
-                                     is_pure=False, pack=1)  # fmt: skip
-
-
-@triton.jit
-def _store_summed(c, out_ptr, row0, col0, M, stride_om, NW: tl.constexpr):
-    """Store _warp_sum's registers c from warp 0: out^T rows row0 + g (+ 8) at activation rows col0 + 2t (+ 1),
-    where the activation row is below M."""
-    i = tl.arange(0, 32 * NW)
-    lane = i % 32
-    row = row0 + lane // 4
-    col = col0 + 2 * (lane % 4)
-    mine = i < 32
-    dt: tl.constexpr = out_ptr.dtype.element_ty
-    for r in tl.static_range(4):
-        cr = col + r % 2
-        tl.store(out_ptr + cr.to(tl.int64) * stride_om + row + 8 * (r // 2), c[r].to(dt), mask=mine & (cr < M))
-
-
 @triton.jit
 def _gather(c0, c1, c2, c3, NW: tl.constexpr):
     """_warp_reduce's values as the [16 rows, 8 activation rows] tile."""
@@ -376,8 +331,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr, GROUP: tl.constexpr,
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
-                     STAMPS: tl.constexpr, DIRECT: tl.constexpr, ASM_SUM: tl.constexpr = False,
-                     SUM_TEXT: tl.constexpr = ""):  # fmt: skip
+                     STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -420,12 +374,6 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
             offs_m = tl.arange(0, 16)
             store_out(tile, out_ptr, out_ptr, lcnt, pid_n, 0, 0, offs_m, offs_m < M, M, N, 1, tl.cdiv(N, BN),
                       stride_om, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lt, arrived, BN, 16, False, BR, LORA)
-        elif ASM_SUM:
-            for m in tl.static_range(MT):
-                c = acc[m]
-                for j in tl.static_range(NT):
-                    summed = _warp_sum(c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3], NW, SUM_TEXT)
-                    _store_summed(summed, out_ptr, pid_n * BN + 16 * m, 8 * j, M, stride_om, NW)
         else:
             for m in tl.static_range(MT):
                 c = acc[m]
@@ -470,7 +418,6 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, w.values.stride(0),
         w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
         U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
-        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, ASM_SUM=configs.MMA_ASM_SUM,
-        SUM_TEXT=_WARP_SUM.get(nw, ""), **launch.constexprs, **cfg.launch_options,
+        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, **launch.constexprs, **cfg.launch_options,
     )  # fmt: skip
     return out

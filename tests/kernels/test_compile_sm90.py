@@ -69,8 +69,7 @@ names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
 for mt, nt, nw, lora, u in ((1, 1, 8, False, 2), (1, 1, 8, True, 2), (2, 1, 8, False, 2), (1, 1, 4, False, 1),
                              (1, 2, 8, True, 1)):  # shipped M = 1 first; the last serves 8 < M <= 16
     const = dict(GROUP=32, MT=mt, NT=nt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=nw, ONE_ROW=nt == 1, PDL=True,
-                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=18432 // 8, STRIDE_S=18432 // 32,
-                 ASM_SUM=True, SUM_TEXT=gemv_mma._WARP_SUM[nw])  # K 18432
+                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=18432 // 8, STRIDE_S=18432 // 32)  # K 18432
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
            for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
