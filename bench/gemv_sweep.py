@@ -11,8 +11,8 @@ in the GEMV's launch or after it. mma: gemv_mma.py's variants at M = 1 against t
 m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against the dispatch; shapes: the shipped mma
 configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
 epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
-and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows
-and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a register cap.
+and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows and with one row 16 times (stride
+0), and M = 1. regs: the mma GEMV with and without a register cap.
 """
 
 from __future__ import annotations
@@ -215,15 +215,7 @@ def warm_us(fn, *args, reps: int = 20) -> float:
     with torch.cuda.graph(g):
         for _ in range(reps):
             fn(*args)
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[3] * 1e3 / reps
+    return bk.replay_ms(g) * 1e3 / reps
 
 
 def section_epilogue(deadline: float) -> None:
