@@ -66,15 +66,14 @@ _W2_ALLOC = tl.constexpr(_load_asm(2, ".L2::128B"))
 _S1 = tl.constexpr(_load_asm(1, ""))
 _S32 = tl.constexpr(_load_asm(2, "", "b32"))
 _S16 = tl.constexpr(_load_asm(2, "", "b16").replace("mov.b32", "mov.b16"))
-# a lane's 64 bytes of activations: gemv_mma's load (four 16-byte loads from one address), predicated here as the
-# others (gemv_mma's own loads no longer are)
+# a lane's 64 bytes of activations: gemv_mma's own load lines (four 16-byte loads from one address), predicated here
+# as the others (gemv_mma's loads no longer are)
 _X16 = tl.constexpr(
     "{\n.reg .pred p;\nsetp.ne.b32 p, $17, 0;\n"
     + "".join(f"mov.b32 ${i}, 0;\n" for i in range(16))
-    + "".join(f"@p ld.global.v4.u32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [$16 + {16 * i}];\n"
-              for i in range(4))
+    + "".join(f"@p {line}\n" for line in gemv_mma._LOAD_X.value.splitlines() if line.startswith("ld.global"))
     + "}"
-)  # fmt: skip
+)
 
 
 @triton.jit

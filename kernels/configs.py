@@ -205,7 +205,13 @@ def _mma_config(m: int, w: PackedWeight, device: torch.device) -> GemvConfig:
     else:
         two = w.n >= 16384 or (m > MMA_MAX_M and 2 * w.n >= _GEMV_MMA_TWO_ROWTILES.block_n * sm_count(device))
         cfg = _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and m > 1 and two else _GEMV_MMA
-    return cfg if m <= MMA_MAX_M else replace(cfg, mma_tiles=min(cfg.mma_tiles, MMA_WIDE_TILES))
+    return cfg if m <= MMA_MAX_M else _wide_rows(cfg, MMA_WIDE_TILES)
+
+
+@functools.cache  # (on the decode dispatch: built once, not per launch)
+def _wide_rows(cfg: GemvConfig, tiles: int) -> GemvConfig:
+    """cfg at 9-16 rows: at most `tiles` K tiles a step."""
+    return replace(cfg, mma_tiles=min(cfg.mma_tiles, tiles))
 
 
 def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,
