@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
 
     python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,floor,
-                                                              epilogue,regs]
+                                                              epilogue,regs,pairs]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
 (graph_us), each output checked against an fp32 reference; per-variant geomean speedups over bf16 F.linear and the
@@ -12,7 +12,8 @@ m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against t
 configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
 epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
 and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows and with one row 16 times (stride
-0), and M = 1. regs: the mma GEMV with and without a register cap.
+0), and M = 1. regs: the mma GEMV with and without a register cap. pairs: the mma GEMV's word-pair lane layout
+against the shipped one, and the dispatch with it at 9-16 rows.
 """
 
 from __future__ import annotations
@@ -170,6 +171,52 @@ def section_m16u(deadline: float) -> None:
                 for name, cfg in (("one-rowtile", configs._GEMV_MMA), ("two-rowtiles", configs._GEMV_MMA_TWO_ROWTILES),
                                   ("long-k", configs._GEMV_MMA_LONG_K)) for u in (1, 2)}  # fmt: skip
     section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
+
+
+def section_pairs(deadline: float) -> None:
+    """The word-pair lane layout (GemvConfig.mma_word_pairs: half the activation L1 wavefronts, twice the weights')
+    against the shipped one, on the shipped mma configs as they serve 1, 8 and 16 rows (at 16 also two K tiles a
+    step), against the dispatch in the same run; then the dispatch itself with pairs from 9 rows
+    (configs.MMA_WORD_PAIRS_FROM = 9) against it as shipped, three alternating rounds, median us."""
+    base = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
+            "long-k": configs._GEMV_MMA_LONG_K}  # fmt: skip
+    variants: dict[int, dict[str, GemvConfig]] = {}
+    for m in (1, 8, 16):
+        cfgs = {name: replace(cfg, mma_tiles=min(cfg.mma_tiles, configs.MMA_WIDE_TILES)) if m > configs.MMA_MAX_M
+                else cfg for name, cfg in base.items()}  # fmt: skip
+        if m > configs.MMA_MAX_M:
+            cfgs["one-rowtile/u2"] = configs._GEMV_MMA
+        variants[m] = {f"{name}/{layout}": replace(cfg, mma_word_pairs=layout == "pairs")
+                       for name, cfg in cfgs.items() for layout in ("words", "pairs")}  # fmt: skip
+    section_gemv(deadline, variants, dispatched=True)
+    say("\n== the dispatch with word pairs from 9 rows / as shipped (graph_us, median of 3 alternating rounds) ==")
+    fmt = get_format("int4")
+    ratios: dict[int, list[float]] = {}
+    shipped = configs.MMA_WORD_PAIRS_FROM
+    for model, layers in bk.DENSE.items():
+        for layer, n, k in layers:
+            if time.time() > deadline:
+                return
+            packed, w, wdq, wbf = layer_case(fmt, n, k)
+            for m in (9, 16):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                ref, bound = reference(x, wdq)
+                t: dict[int, list[float]] = {shipped: [], 9: []}
+                try:
+                    for _ in range(3):
+                        for start in t:
+                            configs.MMA_WORD_PAIRS_FROM = start
+                            assert ((kernels.int4_linear(x, packed).float() - ref).abs() <= bound).all()
+                            t[start].append(graph_us(kernels.int4_linear, x, packed))
+                finally:
+                    configs.MMA_WORD_PAIRS_FROM = shipped
+                a, b = sorted(t[shipped])[1], sorted(t[9])[1]
+                ratios.setdefault(m, []).append(a / b)
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} | bf16 {graph_us(F.linear, x, wbf):6.1f} | shipped "
+                    f"{a:6.2f} pairs {b:6.2f} ({a / b:.3f}x)")  # fmt: skip
+            del wdq, wbf
+            torch.cuda.empty_cache()
+    say("geomean shipped / pairs: " + ", ".join(f"M={m} {gm(v):.3f}" for m, v in ratios.items()))
 
 
 def section_floor(deadline: float) -> None:
@@ -525,7 +572,8 @@ def main() -> None:
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
-                "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs}
+                "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs,
+                "pairs": section_pairs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

@@ -4,7 +4,8 @@ mix, and the order of its loads (L) and mmas (H).
 
     python bench/mma_sass.py [--configs mt1-nt1-u2 mt2-nt1-u2 mt1-nt2-u1] [--k 4096] [--lora]
 
-A config is mt{row tiles a warp}-nt{n8 tiles of activation rows: 1 up to 8 rows, 2 up to 16}-u{K tiles a step}.
+A config is mt{row tiles a warp}-nt{n8 tiles of activation rows: 1 up to 8 rows, 2 up to 16}-u{K tiles a step}, and
+-p for the word-pair lane layout (GemvConfig.mma_word_pairs).
 
 Why: the device's triton (3.6) and this machine's (3.9) bundle different ptxas, and they allocated the same loop 117
 and 80 registers (bench/RESULTS.md, "Kernels", twenty-seventh session). With another triton unpacked in a directory
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import triton
 from orbit_lightning.kernels import gemv_mma
+from orbit_lightning.kernels.configs import GemvConfig
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -55,18 +57,20 @@ class Loop:
         return "".join("L" if i.startswith("LDG") else "H" for i in self.instructions if i.startswith(("LDG", "HMMA")))
 
 
-def parse_config(name: str) -> tuple[int, int, int]:
-    m = re.fullmatch(r"mt(\d)-nt([12])-u([124])", name)
+def parse_config(name: str) -> tuple[int, int, int, bool]:
+    m = re.fullmatch(r"mt(\d)-nt([12])-u([124])(-p)?", name)
     if not m:
-        raise SystemExit(f"config {name!r}: expected mt<row tiles>-nt<1|2>-u<1|2|4>, e.g. mt1-nt1-u2")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+        raise SystemExit(f"config {name!r}: expected mt<row tiles>-nt<1|2>-u<1|2|4>[-p], e.g. mt1-nt1-u2")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4))
 
 
-def compile_sass(mt: int, nt: int, u: int, k: int, lora: bool = False, num_warps: int = 8) -> tuple[str, str]:
+def compile_sass(mt: int, nt: int, u: int, k: int, lora: bool = False, num_warps: int = 8,
+                 pairs: bool = False) -> tuple[str, str]:  # fmt: skip
     """(SASS, cuobjdump's resource usage) of _gemv_mma_kernel for sm_90a, int4 g32 weights with K = k."""
     names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
-    const = dict(GROUP=32, MT=mt, NT=nt, U=u, LOAD=gemv_mma._LOAD_W[128], NW=num_warps, ONE_ROW=nt == 1, PDL=True,
-                 LORA=lora, BR=16, STAMPS=False, DIRECT=True, STRIDE_W=k // 8, STRIDE_S=k // 32)  # fmt: skip
+    cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs)
+    const = dict(gemv_mma.kernel_constexprs(cfg, 1 if nt == 1 else 16, num_warps, 32, k // 8, k // 32, True),
+                 LORA=lora, BR=16, STAMPS=False)  # fmt: skip
     sig = {n: "constexpr" if n in const else _POINTERS.get(n, "i32") for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
                     constexprs={(names.index(n),): v for n, v in const.items()})  # fmt: skip
@@ -101,8 +105,8 @@ def main_loop(sass: str, usage: str, products: int) -> Loop:
 
 
 def analyse(name: str, k: int, lora: bool = False) -> Loop:
-    mt, nt, u = parse_config(name)
-    return main_loop(*compile_sass(mt, nt, u, k, lora), products=mt * u)
+    mt, nt, u, pairs = parse_config(name)
+    return main_loop(*compile_sass(mt, nt, u, k, lora, pairs=pairs), products=mt * u)
 
 
 def main(argv=None) -> None:

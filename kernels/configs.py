@@ -122,6 +122,9 @@ class GemvConfig:
     # warp, up to num_warps warps per program splitting K, ~programs_per_sm warps per SM, with:
     mma_tiles: int = 1  # adjacent 128-wide K tiles per step (a row's 64 * mma_tiles contiguous bytes per quad of lanes)
     l2_prefetch: int = 0  # the weight loads' L2 prefetch size hint in bytes (0, 64, 128 or 256)
+    # lane t of a quad takes words 2t, 2t + 1, 2t + 8, 2t + 9 of a row's K tile instead of 4t..4t+3: half the L1
+    # wavefronts for the activations, twice for the weights (gemv_mma._load_w_asm)
+    mma_word_pairs: bool = False
 
     @property
     def launch_options(self) -> dict:
@@ -184,6 +187,8 @@ _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 MMA_MAX_M = 8
 # K tiles a step at 9-16 rows (two n8 tiles of activations, twice the activation registers a step).
 MMA_WIDE_TILES = 1
+# Rows from which the mma GEMV takes the word-pair lane layout (GemvConfig.mma_word_pairs; 17: never).
+MMA_WORD_PAIRS_FROM = 17
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
@@ -205,13 +210,18 @@ def _mma_config(m: int, w: PackedWeight, device: torch.device) -> GemvConfig:
     else:
         two = w.n >= 16384 or (m > MMA_MAX_M and 2 * w.n >= _GEMV_MMA_TWO_ROWTILES.block_n * sm_count(device))
         cfg = _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and m > 1 and two else _GEMV_MMA
-    return cfg if m <= MMA_MAX_M else _wide_rows(cfg, MMA_WIDE_TILES)
+    return cfg
+
+
+def _at_rows(cfg: GemvConfig, m: int) -> GemvConfig:
+    """An mma config as it serves m rows: at most MMA_WIDE_TILES K tiles a step past MMA_MAX_M rows, and the
+    word-pair layout from MMA_WORD_PAIRS_FROM rows."""
+    return _variant(cfg, MMA_WIDE_TILES if m > MMA_MAX_M else cfg.mma_tiles, m >= MMA_WORD_PAIRS_FROM)
 
 
 @functools.cache  # (on the decode dispatch: built once, not per launch)
-def _wide_rows(cfg: GemvConfig, tiles: int) -> GemvConfig:
-    """cfg at 9-16 rows: at most `tiles` K tiles a step."""
-    return replace(cfg, mma_tiles=min(cfg.mma_tiles, tiles))
+def _variant(cfg: GemvConfig, tiles: int, pairs: bool) -> GemvConfig:
+    return replace(cfg, mma_tiles=min(cfg.mma_tiles, tiles), mma_word_pairs=pairs)
 
 
 def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,
@@ -228,6 +238,7 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return None
     if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and w.n * w.k <= MMA_SMALL_WEIGHT)):
         for cfg in (_mma_config(m, w, device), _GEMV_MMA_ONE_TILE):
+            cfg = _at_rows(cfg, m)
             if mma_ok(w, cfg):
                 return cfg
     if m == 1 and w is not None and w.k <= 4096 and w.n >= 4 * _GEMV_TALL.block_n * sm_count(device):

@@ -2,11 +2,12 @@
 grouped_mma.py's kernels run in CPU tests: their addressing, K splits over warps, row masks and epilogues.
 
 Every function returns what its PTX counterpart leaves in each lane's registers, for the same lane layout: lane
-(g, t) of a warp holds words of weight rows g and g + 8 at K 32t..32t+31 of the tile, and activations of row g (+ 8 per
-n8 tile) there. The mma is a warp-wide exchange, emulated by regrouping the lanes' values per warp. The weights decode
-to the same bf16 values (the product of a nibble and a bf16 scale is exact in fp32 and rounds once to nearest even, by
-integer arithmetic here, since the interpreter's bf16 casts truncate); the fp32 sums run in another order than the
-tensor cores'. Scales travel as fp32 bit patterns, not bf16.
+(g, t) of a warp holds words of weight rows g and g + 8 at K 32t..32t+31 of the tile (with word pairs, K 16t..16t+15
+and 64 on), and activations of row g (+ 8 per n8 tile) there. The mma is a warp-wide exchange, emulated by
+regrouping the lanes' values per warp. The weights decode to the same bf16 values (the product of a nibble and a
+bf16 scale is exact in fp32 and rounds once to nearest even, by integer arithmetic here, since the interpreter's bf16
+casts truncate); the fp32 sums run in another order than the tensor cores'. Scales travel as fp32 bit patterns, not
+bf16.
 """
 
 from __future__ import annotations
@@ -31,24 +32,39 @@ def _ptr(addr, dtype: tl.constexpr):
 
 
 @triton.jit
-def load_w_rows(row_g, row_g8, scale_g, scale_g8):
-    """gemv_mma._load_w_rows: 4 words of row g and 4 of row g + 8 (byte addresses row_g, row_g8), then their scales'
-    fp32 bit patterns (bf16 at scale_g, scale_g8)."""
+def load_w_rows(row_g, row_g8, scale_g, scale_g8, PAIRS: tl.constexpr, SCALE_STEP: tl.constexpr):
+    """gemv_mma._load_w_rows: 4 words of row g and 4 of row g + 8 (byte addresses row_g, row_g8: words 0-3 there, or
+    with PAIRS words 0, 1, 8, 9), then their scales' fp32 bit patterns (bf16 at scale_g, scale_g8; with PAIRS also
+    SCALE_STEP bytes on, for the second pair of words)."""
     g = _ptr(row_g, tl.int32)
     h = _ptr(row_g8, tl.int32)
-    sg = tl.load(_ptr(scale_g, tl.int16)).to(tl.int32)
-    sh = tl.load(_ptr(scale_g8, tl.int16)).to(tl.int32)
+    sg = _scale_bits(scale_g)
+    sh = _scale_bits(scale_g8)
+    if PAIRS:
+        return (tl.load(g), tl.load(g + 1), tl.load(g + 8), tl.load(g + 9), tl.load(h), tl.load(h + 1),
+                tl.load(h + 8), tl.load(h + 9), sg, _scale_bits(scale_g + SCALE_STEP), sh,
+                _scale_bits(scale_g8 + SCALE_STEP))  # fmt: skip
     return (tl.load(g), tl.load(g + 1), tl.load(g + 2), tl.load(g + 3), tl.load(h), tl.load(h + 1), tl.load(h + 2),
-            tl.load(h + 3), (sg & 0xFFFF) << 16, (sh & 0xFFFF) << 16)  # fmt: skip
+            tl.load(h + 3), sg, sh)  # fmt: skip
 
 
 @triton.jit
-def load_x(addr):
-    """gemv_mma._load_x: the 16 words (bf16 pairs) from byte address addr."""
+def _scale_bits(addr):
+    """The fp32 bit pattern of the bf16 at byte address addr."""
+    return (tl.load(_ptr(addr, tl.int16)).to(tl.int32) & 0xFFFF) << 16
+
+
+@triton.jit
+def load_x(addr, PAIRS: tl.constexpr):
+    """gemv_mma._load_x: the 16 words (bf16 pairs) from byte address addr: 64 contiguous bytes, or with PAIRS 32 at
+    addr and 32 at addr + 128."""
     p = _ptr(addr, tl.int32)
     out = ()
     for i in tl.static_range(16):
-        out = out + (tl.load(p + i),)
+        if PAIRS:
+            out = out + (tl.load(p + i + 24 * (i // 8)),)
+        else:
+            out = out + (tl.load(p + i),)
     return out
 
 
@@ -60,11 +76,12 @@ def _bf16_round(x):
 
 
 @triton.jit
-def _weights(w, first: tl.constexpr, scale_bits):
-    """A lane's 32 decoded weights of one row (words w[first:first + 4]), in K order, as fp32."""
-    scale = scale_bits.to(tl.float32, bitcast=True)
+def _weights(w, first: tl.constexpr, scale_bits, scale_bits2):
+    """A lane's 32 decoded weights of one row (words w[first:first + 4]; the last two scaled by scale_bits2), in K
+    order, as fp32."""
     out = ()
     for q in tl.static_range(4):
+        scale = (scale_bits if q < 2 else scale_bits2).to(tl.float32, bitcast=True)
         for i in tl.static_range(8):
             nibble = ((w[first + q] >> (4 * i)) & 0xF) - 8
             out = out + (_bf16_round(nibble.to(tl.float32) * scale),)
@@ -110,10 +127,15 @@ def _mma(w_rows, x_cols):
 
 
 @triton.jit
-def tile(w, x, acc, NT: tl.constexpr):
-    """gemv_mma._tile: acc (4 NT fp32 per lane) + one row tile x one K tile; w: load_w_rows' 10, x: NT load_x's 16."""
-    row_g = _stack32(_weights(w, 0, w[8]))
-    row_g8 = _stack32(_weights(w, 4, w[9]))
+def tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr):
+    """gemv_mma._tile: acc (4 NT fp32 per lane) + one row tile x one K tile; w: load_w_rows' 10 (12 with PAIRS), x: NT
+    load_x's 16."""
+    if PAIRS:
+        row_g = _stack32(_weights(w, 0, w[8], w[9]))
+        row_g8 = _stack32(_weights(w, 4, w[10], w[11]))
+    else:
+        row_g = _stack32(_weights(w, 0, w[8], w[8]))
+        row_g8 = _stack32(_weights(w, 4, w[9], w[9]))
     out = ()
     for j in tl.static_range(NT):
         cols = _stack32(_activations(x[j]))

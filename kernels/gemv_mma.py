@@ -32,6 +32,8 @@ summation. The LoRA epilogue (the adapters in the same launch, gemv_lora.py) is 
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -67,19 +69,24 @@ def _decode(word: str, out: str) -> str:
     return "\n".join(text)
 
 
-def _tile_asm(nt: int) -> str:
+def _tile_asm(nt: int, pairs: bool) -> str:
     """One row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
-    activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their 2 bf16 scales; per n8
-    tile, x as 16 bf16x2 in natural K order; c (4 nt f32)."""
-    words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + 10
+    activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their bf16 scales (one a row,
+    or with `pairs` one a row per pair of words: g's first, g's second, then g + 8's); per n8 tile, x as 16 bf16x2,
+    4 per word in the words' K order; c (4 nt f32)."""
+    per_row = 2 if pairs else 1
+    words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + 8 + 2 * per_row
     cs = xs + 16 * nt
-    lines = ["{", ".reg .b32 w, one, off, nz, slo, shi, a<4>, b<4>, x<4>;",
-             "mov.b32 one, 0x3F803F80;", "mov.b32 off, 0xC308C308;", "mov.b32 nz, 0x80008000;",
-             f"mov.b32 slo, {{${scales}, ${scales}}};", f"mov.b32 shi, {{${scales + 1}, ${scales + 1}}};"]  # fmt: skip
+    lines = ["{", ".reg .b32 w, one, off, nz, slo<2>, shi<2>, a<4>, b<4>, x<4>;",
+             "mov.b32 one, 0x3F803F80;", "mov.b32 off, 0xC308C308;", "mov.b32 nz, 0x80008000;"]  # fmt: skip
+    for i in range(per_row):
+        lo, hi = scales + i, scales + per_row + i
+        lines += [f"mov.b32 slo{i}, {{${lo}, ${lo}}};", f"mov.b32 shi{i}, {{${hi}, ${hi}}};"]
     lines += [f"mov.f32 ${i}, ${cs + i};" for i in range(4 * nt)]
     for w in range(4):
-        lines.append(_decode(f"${words + w}", "a").replace("{s2}", "slo"))
-        lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", "shi"))
+        pair = w // 2 if pairs else 0
+        lines.append(_decode(f"${words + w}", "a").replace("{s2}", f"slo{pair}"))
+        lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", f"shi{pair}"))
         for j in range(nt):
             d = f"{{${4 * j}, ${4 * j + 1}, ${4 * j + 2}, ${4 * j + 3}}}"
             mma = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}"
@@ -97,8 +104,10 @@ def _tile_asm(nt: int) -> str:
     return "\n".join(lines)
 
 
-_TILE1 = tl.constexpr(_tile_asm(1))
-_TILE2 = tl.constexpr(_tile_asm(2))
+_TILE_N1 = tl.constexpr(_tile_asm(1, False))
+_TILE_N2 = tl.constexpr(_tile_asm(2, False))
+_TILE_N1_PAIRS = tl.constexpr(_tile_asm(1, True))
+_TILE_N2_PAIRS = tl.constexpr(_tile_asm(2, True))
 
 
 # No load is predicated: the main loop's last step is peeled (it loads nothing ahead), and activation rows past M
@@ -106,54 +115,87 @@ _TILE2 = tl.constexpr(_tile_asm(2))
 # may not happen (sm_90 SASS: 24 CS2R a step of two K tiles at M = 1). The weights' loads may carry an L2 prefetch
 # size hint (GemvConfig.l2_prefetch): a quad of lanes asks for 64 bytes of a row per K tile, and the rest of the
 # row's line follows in the next tile.
-def _load_w_asm(hint: str) -> str:
-    """PTX: lane's 16 bytes of words of rows g and g + 8 ($0-$7) and their scales ($8, $9) from byte addresses
-    $10-$13."""
-    return f"""{{
-ld.global.nc.L1::no_allocate{hint}.v4.u32 {{$0, $1, $2, $3}}, [$10];
-ld.global.nc.L1::no_allocate{hint}.v4.u32 {{$4, $5, $6, $7}}, [$11];
+#
+# Two lane layouts (GemvConfig.mma_word_pairs). Words: lane t of a quad takes words 4t..4t+3 of a row's 16 in a K
+# tile (one 16-byte load, one scale group), or with pairs words 2t, 2t + 1, 2t + 8 and 2t + 9 (two 8-byte loads, two
+# groups at group 32). A lane's activations are those of its words: with words 4t.., one 16-byte load of activation
+# row g reads bytes 64t + 16i, so the quad's four lanes touch both 128-byte lines of the row's K tile and each load
+# instruction 16 lines for 8 rows; with pairs the quad's bytes 32t + 16i (+ 128) lie in one line, 8 lines a load.
+# At 16 rows, where the loop is limited by L1 wavefronts (4 activation bytes per weight byte), pairs cut a row
+# tile's L1 wavefronts per K tile from ~160 to ~112, for 2 more weight loads and 2 more scale loads.
+def _load_w_asm(hint: str, pairs: bool, scale_step: int) -> str:
+    """PTX: lane's words of rows g and g + 8 ($0-$7) and their scales ($8, $9; with pairs $8-$11: row g's first and
+    second, then row g + 8's, the second `scale_step` bytes after the first) from byte addresses $n ... $n + 3 (words
+    of g, of g + 8, scale of g, of g + 8)."""
+    ld = f"ld.global.nc.L1::no_allocate{hint}"
+    if not pairs:
+        return f"""{{
+{ld}.v4.u32 {{$0, $1, $2, $3}}, [$10];
+{ld}.v4.u32 {{$4, $5, $6, $7}}, [$11];
 ld.global.nc.b16 $8, [$12];
 ld.global.nc.b16 $9, [$13];
 }}"""
+    second = [f"ld.global.nc.b16 {d}, [{a} + {scale_step}];" if scale_step else f"mov.b16 {d}, {s};"
+              for d, a, s in (("$9", "$14", "$8"), ("$11", "$15", "$10"))]
+    return f"""{{
+{ld}.v2.u32 {{$0, $1}}, [$12];
+{ld}.v2.u32 {{$2, $3}}, [$12 + 32];
+{ld}.v2.u32 {{$4, $5}}, [$13];
+{ld}.v2.u32 {{$6, $7}}, [$13 + 32];
+ld.global.nc.b16 $8, [$14];
+ld.global.nc.b16 $10, [$15];
+{second[0]}
+{second[1]}
+}}"""
 
 
-_LOAD_W = {size: _load_w_asm(f".L2::{size}B" if size else "") for size in (0, 64, 128, 256)}  # by hint bytes
-_LOAD_X = tl.constexpr(
-    "{\n"
-    + "".join(f"ld.global.v4.u32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [$16 + {16 * i}];\n"
-              for i in range(4))
-    + "}"
-)  # fmt: skip
+@functools.cache
+def load_w_asm(l2_prefetch: int, pairs: bool, group: int) -> str:
+    """_load_w_asm for a config's L2 prefetch hint (bytes, 0: none) and lane layout, at scale groups of `group`."""
+    return _load_w_asm(f".L2::{l2_prefetch}B" if l2_prefetch else "", pairs, 2 * (64 // group) if pairs else 0)
+
+
+def _load_x_asm(offsets: tuple[int, ...]) -> str:
+    """PTX: the lane's 16 activation registers, 16 bytes from each of byte address $16 plus `offsets`."""
+    loads = "".join(f"ld.global.v4.u32 {{${4 * i}, ${4 * i + 1}, ${4 * i + 2}, ${4 * i + 3}}}, [$16 + {off}];\n"
+                    for i, off in enumerate(offsets))
+    return "{\n" + loads + "}"
+
+
+_LOAD_X = tl.constexpr(_load_x_asm((0, 16, 32, 48)))  # words 4t..4t+3: 64 contiguous bytes
+_LOAD_X_PAIRS = tl.constexpr(_load_x_asm((0, 16, 128, 144)))  # words 2t, 2t + 1 and 2t + 8, 2t + 9
 # Bytes one K tile advances a lane's addresses: its words, its activations, and its scales (by group size).
 _W_BYTES = tl.constexpr(TILE_K // 2)
 _X_BYTES = tl.constexpr(TILE_K * 2)
 
 
 @triton.jit
-def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, LOAD: tl.constexpr):
-    """The lane's words and scales of rows g and g + 8 (10 registers) at byte addresses wa (row g's words) and sa (its
-    scale); rows g + 8 are constant offsets (the strides are compile-time), which ptxas folds into the loads."""
+def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: tl.constexpr, LOAD: tl.constexpr,
+                 PAIRS: tl.constexpr):  # fmt: skip
+    """The lane's words and scales of rows g and g + 8 (10 registers, 12 with PAIRS) at byte addresses wa (row g's
+    words) and sa (its scale); rows g + 8 are constant offsets (the strides are compile-time), which ptxas folds into
+    the loads."""
     wb = wa + 8 * 4 * STRIDE_W
     sb = sa + 8 * 2 * STRIDE_S
     if _EMULATE:
-        return emulate.load_w_rows(wa, wb, sa, sb)
-    return tl.inline_asm_elementwise(
-        LOAD, "=r,=r,=r,=r,=r,=r,=r,=r,=h,=h,l,l,l,l", [wa, wb, sa, sb],
-        dtype=(tl.int32,) * 8 + (tl.bfloat16,) * 2, is_pure=True, pack=1)  # fmt: skip
+        return emulate.load_w_rows(wa, wb, sa, sb, PAIRS, 2 * (64 // GROUP))
+    S: tl.constexpr = 4 if PAIRS else 2
+    return tl.inline_asm_elementwise(LOAD, "=r," * 8 + "=h," * S + "l,l,l,l", [wa, wb, sa, sb],
+                                     dtype=(tl.int32,) * 8 + (tl.bfloat16,) * S, is_pure=True, pack=1)  # fmt: skip
 
 
 @triton.jit
-def _load_x(xa):
-    """The lane's 32 activations at byte address xa as 16 bf16x2 registers."""
+def _load_x(xa, PAIRS: tl.constexpr):
+    """The lane's 32 activations at byte address xa as 16 bf16x2 registers (of its words: _load_w_asm)."""
     if _EMULATE:
-        return emulate.load_x(xa)
-    return tl.inline_asm_elementwise(_LOAD_X, "=r," * 16 + "l", [xa], dtype=(tl.int32,) * 16, is_pure=True,
-                                     pack=1)  # fmt: skip
+        return emulate.load_x(xa, PAIRS)
+    asm: tl.constexpr = _LOAD_X_PAIRS if PAIRS else _LOAD_X
+    return tl.inline_asm_elementwise(asm, "=r," * 16 + "l", [xa], dtype=(tl.int32,) * 16, is_pure=True, pack=1)
 
 
 @triton.jit
 def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: tl.constexpr,
-                  U: tl.constexpr, MT: tl.constexpr, LOAD: tl.constexpr):  # fmt: skip
+                  U: tl.constexpr, MT: tl.constexpr, LOAD: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
     """_load_w_rows of U adjacent K tiles for each of the MT row tiles, tile-major. w_lane / s_lane: tuples of B
     lane_addresses at the first of them; row tile m reads base m % B, 16 (m // B) rows on. One base serves every
     row tile of one weight as compile-time offsets (two live 64-bit addresses a base took MT = 2 past 128
@@ -164,42 +206,35 @@ def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr
         for m in tl.static_range(MT):
             out = out + (_load_w_rows(w_lane[m % B] + (16 * (m // B) * 4 * STRIDE_W + u * _W_BYTES),
                                       s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + u * (_TILE_K // GROUP) * 2),
-                                      STRIDE_W, STRIDE_S, LOAD),)  # fmt: skip
+                                      STRIDE_W, STRIDE_S, GROUP, LOAD, PAIRS),)  # fmt: skip
     return out
 
 
 @triton.jit
-def _load_xs(x_lane, U: tl.constexpr, NT: tl.constexpr):
+def _load_xs(x_lane, U: tl.constexpr, NT: tl.constexpr, PAIRS: tl.constexpr):
     """_load_x of U adjacent K tiles for each of the NT activation row tiles, tile-major."""
     out = ()
     for u in tl.static_range(U):
         for j in tl.static_range(NT):
-            out = out + (_load_x(x_lane[j] + u * _X_BYTES),)
+            out = out + (_load_x(x_lane[j] + u * _X_BYTES, PAIRS),)
     return out
 
 
 @triton.jit
-def _tile(w, x, acc, NT: tl.constexpr):
-    """acc (4 NT f32 registers) + one row tile x one K tile (see _tile_asm); w: _load_w_rows' 10 registers, x: NT
-    of _load_x's 16."""
+def _tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr):
+    """acc (4 NT f32 registers) + one row tile x one K tile (see _tile_asm); w: _load_w_rows' 10 registers (12 with
+    PAIRS), x: NT of _load_x's 16."""
     if _EMULATE:
-        return emulate.tile(w, x, acc, NT)
+        return emulate.tile(w, x, acc, NT, PAIRS)
+    S: tl.constexpr = "h," * (4 if PAIRS else 2)
     if NT == 1:
-        return tl.inline_asm_elementwise(
-            _TILE1, "=f," * 4 + "r," * 8 + "h,h," + "r," * 16 + "f,f,f,f",
-            [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], x[0][0], x[0][1], x[0][2], x[0][3], x[0][4],
-             x[0][5], x[0][6], x[0][7], x[0][8], x[0][9], x[0][10], x[0][11], x[0][12], x[0][13], x[0][14], x[0][15],
-             acc[0], acc[1], acc[2], acc[3]],
-            dtype=(tl.float32,) * 4, is_pure=True, pack=1)  # fmt: skip
+        asm: tl.constexpr = _TILE_N1_PAIRS if PAIRS else _TILE_N1
+        return tl.inline_asm_elementwise(asm, "=f," * 4 + "r," * 8 + S + "r," * 16 + "f,f,f,f", w + x[0] + acc,
+                                         dtype=(tl.float32,) * 4, is_pure=True, pack=1)  # fmt: skip
     else:
-        return tl.inline_asm_elementwise(
-            _TILE2, "=f," * 8 + "r," * 8 + "h,h," + "r," * 32 + "f,f,f,f,f,f,f,f",
-            [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], x[0][0], x[0][1], x[0][2], x[0][3], x[0][4],
-             x[0][5], x[0][6], x[0][7], x[0][8], x[0][9], x[0][10], x[0][11], x[0][12], x[0][13], x[0][14], x[0][15],
-             x[1][0], x[1][1], x[1][2], x[1][3], x[1][4], x[1][5], x[1][6], x[1][7], x[1][8], x[1][9], x[1][10],
-             x[1][11], x[1][12], x[1][13], x[1][14], x[1][15], acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6],
-             acc[7]],
-            dtype=(tl.float32,) * 8, is_pure=True, pack=1)  # fmt: skip
+        asm: tl.constexpr = _TILE_N2_PAIRS if PAIRS else _TILE_N2
+        return tl.inline_asm_elementwise(asm, "=f," * 8 + "r," * 8 + S + "r," * 32 + "f," * 7 + "f",
+                                         w + x[0] + x[1] + acc, dtype=(tl.float32,) * 8, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -211,10 +246,10 @@ def _advance(addresses, by):
 
 
 @triton.jit
-def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr):
-    """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t) and of their scale:
-    the main loop only advances them."""
-    kt = k_lo + 32 * (tl.arange(0, rows.shape[0]) % 4)
+def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, PAIRS: tl.constexpr):
+    """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t, with PAIRS 16t) and of
+    their scale: the main loop only advances them."""
+    kt = k_lo + (16 if PAIRS else 32) * (tl.arange(0, rows.shape[0]) % 4)
     r = rows.to(tl.int64)
     w_lane = w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4 + kt // 2
     s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + (kt // GROUP) * 2
@@ -222,10 +257,11 @@ def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.con
 
 
 @triton.jit
-def activation_lanes(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr):
+def activation_lanes(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr, PAIRS: tl.constexpr):
     """Byte address of the lane's activations, row `first` + 8 j in n8 tile j (the mma's column g when first = row_0
-    + g) at K = k_lo + 32t. Rows from `end` on read row end - 1 instead: their columns are never stored."""
-    kt = k_lo + 32 * (tl.arange(0, first.shape[0]) % 4)
+    + g) at K = k_lo + 32t (16t with PAIRS). Rows from `end` on read row end - 1 instead: their columns are never
+    stored."""
+    kt = k_lo + (16 if PAIRS else 32) * (tl.arange(0, first.shape[0]) % 4)
     x_lane = ()
     for j in tl.static_range(NT):
         xr = tl.minimum(first + 8 * j, end - 1).to(tl.int64)
@@ -249,11 +285,11 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr):  # fmt: skip
+                 NW: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
     tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
-    x_nxt = _load_xs(x_lane, U, NT)
+    x_nxt = _load_xs(x_lane, U, NT, PAIRS)
     acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
     # 128 contiguous bytes (two 64-byte halves of a line) in one step. The last step, which loads nothing, is
@@ -265,14 +301,14 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
         w_lane = _advance(w_lane, U * _W_BYTES)
         s_lane = _advance(s_lane, U * (_TILE_K // GROUP) * 2)
         x_lane = _advance(x_lane, U * _X_BYTES)
-        acc = mma_step(acc, nxt, x_nxt, MT, NT, U)
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
-        x_nxt = _load_xs(x_lane, U, NT)
-    return mma_step(acc, nxt, x_nxt, MT, NT, U)
+        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
+        x_nxt = _load_xs(x_lane, U, NT, PAIRS)
+    return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS)
 
 
 @triton.jit
-def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr):
+def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, PAIRS: tl.constexpr):
     """One step's products: acc[m] += row tile m of each of the U K tiles (w: _load_weights') x the activations xv
     (_load_xs')."""
     new = ()
@@ -280,9 +316,9 @@ def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr):
         a = acc[m]
         for u in tl.static_range(U):
             if NT == 1:
-                a = _tile(w[u * MT + m], (xv[u],), a, NT)
+                a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS)
             else:
-                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT)
+                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS)
         new = new + (a,)
     return new
 
@@ -326,12 +362,13 @@ def _stack(a, b, AXIS: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M", "stride_xm", "N_A", "lst1", "lst2", "lr", "lslices"])
-def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, tiles_per_warp,
-                     STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, N_A, la0, la1, la2, lb0, lb1, lb2, ls0, ls1,
-                     ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr, GROUP: tl.constexpr,
+def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om, tiles_per_warp, N_A, la0, la1,
+                     la2, lb0, lb1, lb2, ls0, ls1, ls2, lst1, lst2, lr, lslices, lpart, lt, lcnt, stamp_ptr,
+                     GROUP: tl.constexpr,
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
-                     STAMPS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+                     STAMPS: tl.constexpr, DIRECT: tl.constexpr, PAIRS: tl.constexpr, STRIDE_W: tl.constexpr,
+                     STRIDE_S: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -345,16 +382,16 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         warp = lane // 32
         g = (lane % 32) // 4
         k_lo = warp * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
-        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP)
+        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP, PAIRS)
         w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (_load_weights)
-        x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT)
+        x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT, PAIRS)
         # frozen weights: loaded before the PDL wait
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
         wait_for_producers(PDL, False)
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW)
+                           NW, PAIRS)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -415,9 +452,18 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
     launch = launch_args(x, n, lora, 16, cfg.block_n, lambda: tickets(N_COUNTERS), n_tiles, stamps, TILE_K * nw)
     pdl = use_pdl(x.device)
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
-        x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, w.values.stride(0),
-        w.scale.stride(0), *launch.tail, GROUP=w.group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2,
-        U=cfg.mma_tiles, LOAD=_LOAD_W[cfg.l2_prefetch], NW=nw, ONE_ROW=m == 1, PDL=pdl,
-        launch_pdl=pdl, num_warps=nw, DIRECT=configs.MMA_DIRECT_STORE, **launch.constexprs, **cfg.launch_options,
+        x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, *launch.tail,
+        **kernel_constexprs(cfg, m, nw, w.group, w.values.stride(0), w.scale.stride(0), pdl), **launch.constexprs,
+        launch_pdl=pdl, num_warps=nw, **cfg.launch_options,
     )  # fmt: skip
     return out
+
+
+def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: int, stride_s: int,
+                      pdl: bool) -> dict:  # fmt: skip
+    """_gemv_mma_kernel's compile-time arguments for `cfg` at m rows, nw warps a program and weights of scale groups
+    `group` with row strides stride_w (words) and stride_s (scales), less the epilogue's LORA / BR / STAMPS
+    (gemv_out.launch_args'): the one list the launch, bench/mma_sass.py and the sm_90 compile test share."""
+    return dict(GROUP=group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
+                PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
+                STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group))  # fmt: skip

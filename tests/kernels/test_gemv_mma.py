@@ -50,7 +50,8 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps"])
+@pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
+                                  "pairs-g128-two-warps", "pairs-one-tile-steps"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -59,6 +60,12 @@ def test_mma_gemv_under_the_interpreter(case):
         "two-rowtiles": (96, 512, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2), "int4"),
         "g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g128"),
         "one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1), "int4"),
+        # lane t takes words 2t, 2t + 1, 2t + 8, 2t + 9: two scale groups a lane at group 32, one at 128
+        "pairs-two-rowtiles": (96, 512, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2,
+                                                   mma_word_pairs=True), "int4"),
+        "pairs-g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2,
+                                                      mma_word_pairs=True), "int4-g128"),
+        "pairs-one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_word_pairs=True), "int4"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -89,6 +96,9 @@ CASES = {  # name: (format, N, K, config)
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
+    "pairs-shipped": ("int4", 6144, 4096, replace(_MMA, mma_word_pairs=True)),
+    "pairs-g128-two-rowtiles": ("int4-g128", 2048, 1024, replace(_MMA, block_n=32, mma_word_pairs=True)),
+    "pairs-one-tile-steps": ("int4", 1024, 1536, replace(configs._GEMV_MMA_ONE_TILE, mma_word_pairs=True)),
 }
 
 
@@ -148,9 +158,9 @@ def test_gpu_dispatch_by_rows_and_weight_size(m, monkeypatch):
     small, tall = (2048, 4096), (max(16384, 32 * sms), 2048)
     # (two row tiles for the small one at 9-16 rows only on GPUs of at most 128 SMs: half a program per SM)
     small_cfg = configs._GEMV_MMA_TWO_ROWTILES if m > 8 and 2 * small[0] >= 32 * sms else configs._GEMV_MMA
-    if m > 8:  # (two n8 tiles of activations take configs.MMA_WIDE_TILES K tiles a step)
-        small_cfg = replace(small_cfg, mma_tiles=min(small_cfg.mma_tiles, configs.MMA_WIDE_TILES))
-    expect = {small: small_cfg, tall: configs._GEMV_MMA_TWO_ROWTILES if m <= 8 else None}
+    # (at 9-16 rows MMA_WIDE_TILES K tiles a step; from MMA_WORD_PAIRS_FROM rows the word-pair layout)
+    expect = {small: configs._at_rows(small_cfg, m),
+              tall: configs._at_rows(configs._GEMV_MMA_TWO_ROWTILES, m) if m <= 8 else None}
     for (n, k), cfg in expect.items():
         packed, w = random_weight("int4", (n, k), seed=9, device="cuda")
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
