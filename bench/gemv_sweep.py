@@ -189,10 +189,11 @@ def section_pairs(deadline: float) -> None:
         variants[m] = {f"{name}/{layout}": replace(cfg, mma_word_pairs=layout == "pairs")
                        for name, cfg in cfgs.items() for layout in ("words", "pairs")}  # fmt: skip
     section_gemv(deadline, variants, dispatched=True)
-    say("\n== the dispatch with word pairs from 9 rows / as shipped (graph_us, median of 3 alternating rounds) ==")
+    say("\n== the dispatch at 9-16 rows, graph_us us (median of 3 alternating rounds): shipped; pairs (the mma GEMV's "
+        "word pairs from 9 rows); pairs+n (and the mma GEMV for every N < 16384) ==")
     fmt = get_format("int4")
-    ratios: dict[int, list[float]] = {}
-    shipped = configs.MMA_WORD_PAIRS_FROM
+    rules = {"shipped": (configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N), "pairs": (9, 0), "pairs+n": (9, 16384)}
+    ratios: dict[tuple[int, str], list[float]] = {}
     for model, layers in bk.DENSE.items():
         for layer, n, k in layers:
             if time.time() > deadline:
@@ -201,22 +202,24 @@ def section_pairs(deadline: float) -> None:
             for m in (9, 16):
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 ref, bound = reference(x, wdq)
-                t: dict[int, list[float]] = {shipped: [], 9: []}
+                t: dict[str, list[float]] = {r: [] for r in rules}
                 try:
                     for _ in range(3):
-                        for start in t:
-                            configs.MMA_WORD_PAIRS_FROM = start
-                            assert ((kernels.int4_linear(x, packed).float() - ref).abs() <= bound).all()
-                            t[start].append(graph_us(kernels.int4_linear, x, packed))
+                        for r, (start, max_n) in rules.items():
+                            configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = start, max_n
+                            assert ((kernels.int4_linear(x, packed).float() - ref).abs() <= bound).all(), r
+                            t[r].append(graph_us(kernels.int4_linear, x, packed))
                 finally:
-                    configs.MMA_WORD_PAIRS_FROM = shipped
-                a, b = sorted(t[shipped])[1], sorted(t[9])[1]
-                ratios.setdefault(m, []).append(a / b)
-                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} | bf16 {graph_us(F.linear, x, wbf):6.1f} | shipped "
-                    f"{a:6.2f} pairs {b:6.2f} ({a / b:.3f}x)")  # fmt: skip
+                    configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = rules["shipped"]
+                med = {r: sorted(v)[1] for r, v in t.items()}
+                b16 = graph_us(F.linear, x, wbf)
+                for r in rules:
+                    ratios.setdefault((m, r), []).append(b16 / med[r])
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} | bf16 {b16:6.1f} | " + " ".join(
+                    f"{r} {v:6.2f}" for r, v in med.items()))
             del wdq, wbf
             torch.cuda.empty_cache()
-    say("geomean shipped / pairs: " + ", ".join(f"M={m} {gm(v):.3f}" for m, v in ratios.items()))
+    say("geomean x bf16: " + ", ".join(f"M={m} {r} {gm(v):.3f}" for (m, r), v in ratios.items()))
 
 
 def section_floor(deadline: float) -> None:

@@ -189,6 +189,8 @@ MMA_MAX_M = 8
 MMA_WIDE_TILES = 1
 # Rows from which the mma GEMV takes the word-pair lane layout (GemvConfig.mma_word_pairs; 17: never).
 MMA_WORD_PAIRS_FROM = 17
+# At 9-16 rows the mma GEMV also serves weights of fewer than this many rows, whatever their size (0: off).
+MMA_WIDE_MAX_N = 0
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
@@ -236,7 +238,8 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and w.n * w.k <= MMA_SMALL_WEIGHT)):
+    if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and w.n * w.k <= MMA_SMALL_WEIGHT)
+                          or w.n < MMA_WIDE_MAX_N):  # fmt: skip
         for cfg in (_mma_config(m, w, device), _GEMV_MMA_ONE_TILE):
             cfg = _at_rows(cfg, m)
             if mma_ok(w, cfg):
@@ -269,12 +272,12 @@ TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32
 def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
     """Whether gemv_mma.py's kernel (grouped_mma.py's for `stacked` experts) reads `w` (with bf16 activations on an
     sm_80+ GPU, M <= 16): int4 with groups of at least 32 (a lane's 32 values share a scale), K a multiple of its
-    steps (mma_tiles of 128), N of block_n, contiguous words on 16 bytes (the activations' alignment is the
-    caller's to check)."""
+    steps (mma_tiles of 128), N of block_n, contiguous words on 16 bytes and, for the word-pair layout, scales on 8
+    (each lane loads a row's 8 bytes of scales of a K tile; the activations' alignment is the caller's to check)."""
     step = TILE_K * cfg.mma_tiles
     return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
             and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
-            and w.values.data_ptr() % 16 == 0)  # fmt: skip
+            and w.values.data_ptr() % 16 == 0 and (not cfg.mma_word_pairs or w.scale.data_ptr() % 8 == 0))  # fmt: skip
 
 
 def max_row_tiles(rows: int, block_m: int, experts: int) -> int:

@@ -32,20 +32,21 @@ def _ptr(addr, dtype: tl.constexpr):
 
 
 @triton.jit
-def load_w_rows(row_g, row_g8, scale_g, scale_g8, PAIRS: tl.constexpr, SCALE_STEP: tl.constexpr):
+def load_w_rows(row_g, row_g8, scale_g, scale_g8, PAIRS: tl.constexpr, GROUP: tl.constexpr):
     """gemv_mma._load_w_rows: 4 words of row g and 4 of row g + 8 (byte addresses row_g, row_g8: words 0-3 there, or
-    with PAIRS words 0, 1, 8, 9), then their scales' fp32 bit patterns (bf16 at scale_g, scale_g8; with PAIRS also
-    SCALE_STEP bytes on, for the second pair of words)."""
+    with PAIRS words 0, 1, 8, 9), then their scales' fp32 bit patterns (bf16 at scale_g, scale_g8; with PAIRS those
+    addresses hold the K tile's first group, and each row's two pairs of words take groups 16t // GROUP and
+    (64 + 16t) // GROUP of the tile)."""
     g = _ptr(row_g, tl.int32)
     h = _ptr(row_g8, tl.int32)
-    sg = _scale_bits(scale_g)
-    sh = _scale_bits(scale_g8)
     if PAIRS:
+        t = tl.arange(0, row_g.shape[0]) % 4
+        lo, hi = 2 * ((16 * t) // GROUP), 2 * ((64 + 16 * t) // GROUP)
         return (tl.load(g), tl.load(g + 1), tl.load(g + 8), tl.load(g + 9), tl.load(h), tl.load(h + 1),
-                tl.load(h + 8), tl.load(h + 9), sg, _scale_bits(scale_g + SCALE_STEP), sh,
-                _scale_bits(scale_g8 + SCALE_STEP))  # fmt: skip
+                tl.load(h + 8), tl.load(h + 9), _scale_bits(scale_g + lo), _scale_bits(scale_g + hi),
+                _scale_bits(scale_g8 + lo), _scale_bits(scale_g8 + hi))  # fmt: skip
     return (tl.load(g), tl.load(g + 1), tl.load(g + 2), tl.load(g + 3), tl.load(h), tl.load(h + 1), tl.load(h + 2),
-            tl.load(h + 3), sg, sh)  # fmt: skip
+            tl.load(h + 3), _scale_bits(scale_g), _scale_bits(scale_g8))  # fmt: skip
 
 
 @triton.jit

@@ -71,22 +71,20 @@ def _decode(word: str, out: str) -> str:
 
 def _tile_asm(nt: int, pairs: bool) -> str:
     """One row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
-    activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their bf16 scales (one a row,
-    or with `pairs` one a row per pair of words: g's first, g's second, then g + 8's); per n8 tile, x as 16 bf16x2,
-    4 per word in the words' K order; c (4 nt f32)."""
-    per_row = 2 if pairs else 1
-    words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + 8 + 2 * per_row
+    activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their scales: bf16 g, g + 8,
+    or with `pairs` bf16x2 (the scale twice) of g's first and second pair of words, then g + 8's; per n8 tile, x as
+    16 bf16x2, 4 per word in the words' K order; c (4 nt f32)."""
+    words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + (12 if pairs else 10)
     cs = xs + 16 * nt
-    lines = ["{", ".reg .b32 w, one, off, nz, slo<2>, shi<2>, a<4>, b<4>, x<4>;",
+    lines = ["{", ".reg .b32 w, one, off, nz, slo, shi, a<4>, b<4>, x<4>;",
              "mov.b32 one, 0x3F803F80;", "mov.b32 off, 0xC308C308;", "mov.b32 nz, 0x80008000;"]  # fmt: skip
-    for i in range(per_row):
-        lo, hi = scales + i, scales + per_row + i
-        lines += [f"mov.b32 slo{i}, {{${lo}, ${lo}}};", f"mov.b32 shi{i}, {{${hi}, ${hi}}};"]
+    if not pairs:
+        lines += [f"mov.b32 slo, {{${scales}, ${scales}}};", f"mov.b32 shi, {{${scales + 1}, ${scales + 1}}};"]
     lines += [f"mov.f32 ${i}, ${cs + i};" for i in range(4 * nt)]
     for w in range(4):
-        pair = w // 2 if pairs else 0
-        lines.append(_decode(f"${words + w}", "a").replace("{s2}", f"slo{pair}"))
-        lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", f"shi{pair}"))
+        lo, hi = (f"${scales + w // 2}", f"${scales + 2 + w // 2}") if pairs else ("slo", "shi")
+        lines.append(_decode(f"${words + w}", "a").replace("{s2}", lo))
+        lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", hi))
         for j in range(nt):
             d = f"{{${4 * j}, ${4 * j + 1}, ${4 * j + 2}, ${4 * j + 3}}}"
             mma = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}"
@@ -122,11 +120,14 @@ _TILE_N2_PAIRS = tl.constexpr(_tile_asm(2, True))
 # row g reads bytes 64t + 16i, so the quad's four lanes touch both 128-byte lines of the row's K tile and each load
 # instruction 16 lines for 8 rows; with pairs the quad's bytes 32t + 16i (+ 128) lie in one line, 8 lines a load.
 # At 16 rows, where the loop is limited by L1 wavefronts (4 activation bytes per weight byte), pairs cut a row
-# tile's L1 wavefronts per K tile from ~160 to ~112, for 2 more weight loads and 2 more scale loads.
-def _load_w_asm(hint: str, pairs: bool, scale_step: int) -> str:
-    """PTX: lane's words of rows g and g + 8 ($0-$7) and their scales ($8, $9; with pairs $8-$11: row g's first and
-    second, then row g + 8's, the second `scale_step` bytes after the first) from byte addresses $n ... $n + 3 (words
-    of g, of g + 8, scale of g, of g + 8)."""
+# tile's L1 wavefronts per K tile from ~160 to ~112 (bench/RESULTS.md). With pairs each lane loads its rows' scales
+# of the whole K tile (8 bytes at group 32, shared by the quad) and a byte permute picks its two groups, each as the
+# bf16x2 pair the decode multiplies by.
+def _load_w_asm(hint: str, pairs: bool, group: int) -> str:
+    """PTX: lane's words of rows g and g + 8 ($0-$7) and their scales ($8, $9 bf16; with pairs $8-$11 bf16x2: row g's
+    first and second pair of words, then row g + 8's) from byte addresses $n ... $n + 3 (words of g, of g + 8, scales
+    of g, of g + 8; with pairs the scales of the K tile's first group), at scale groups of `group`; with pairs $16 is
+    the lane's byte selector (group 32)."""
     ld = f"ld.global.nc.L1::no_allocate{hint}"
     if not pairs:
         return f"""{{
@@ -135,24 +136,31 @@ def _load_w_asm(hint: str, pairs: bool, scale_step: int) -> str:
 ld.global.nc.b16 $8, [$12];
 ld.global.nc.b16 $9, [$13];
 }}"""
-    second = [f"ld.global.nc.b16 {d}, [{a} + {scale_step}];" if scale_step else f"mov.b16 {d}, {s};"
-              for d, a, s in (("$9", "$14", "$8"), ("$11", "$15", "$10"))]
+    scales = []
+    for lo, hi, addr in (("$8", "$9", "$14"), ("$10", "$11", "$15")):
+        if group == 32:  # groups t // 2 and 2 + t // 2 of the tile's 4
+            scales += [f"ld.global.nc.v2.b32 {{p, q}}, [{addr}];", f"prmt.b32 {lo}, p, 0, $16;",
+                       f"prmt.b32 {hi}, q, 0, $16;"]  # fmt: skip
+        elif group == 64:  # groups 0 and 1 of the tile's 2
+            scales += [f"ld.global.nc.b32 p, [{addr}];", f"prmt.b32 {lo}, p, 0, 0x1010;",
+                       f"prmt.b32 {hi}, p, 0, 0x3232;"]  # fmt: skip
+        else:  # one group
+            scales += [f"ld.global.nc.b16 p, [{addr}];", f"prmt.b32 {lo}, p, 0, 0x1010;", f"mov.b32 {hi}, {lo};"]
+    newline = "\n"
     return f"""{{
+.reg .b32 p, q;
 {ld}.v2.u32 {{$0, $1}}, [$12];
 {ld}.v2.u32 {{$2, $3}}, [$12 + 32];
 {ld}.v2.u32 {{$4, $5}}, [$13];
 {ld}.v2.u32 {{$6, $7}}, [$13 + 32];
-ld.global.nc.b16 $8, [$14];
-ld.global.nc.b16 $10, [$15];
-{second[0]}
-{second[1]}
+{newline.join(scales)}
 }}"""
 
 
 @functools.cache
 def load_w_asm(l2_prefetch: int, pairs: bool, group: int) -> str:
     """_load_w_asm for a config's L2 prefetch hint (bytes, 0: none) and lane layout, at scale groups of `group`."""
-    return _load_w_asm(f".L2::{l2_prefetch}B" if l2_prefetch else "", pairs, 2 * (64 // group) if pairs else 0)
+    return _load_w_asm(f".L2::{l2_prefetch}B" if l2_prefetch else "", pairs, group)
 
 
 def _load_x_asm(offsets: tuple[int, ...]) -> str:
@@ -178,10 +186,14 @@ def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: 
     wb = wa + 8 * 4 * STRIDE_W
     sb = sa + 8 * 2 * STRIDE_S
     if _EMULATE:
-        return emulate.load_w_rows(wa, wb, sa, sb, PAIRS, 2 * (64 // GROUP))
-    S: tl.constexpr = 4 if PAIRS else 2
-    return tl.inline_asm_elementwise(LOAD, "=r," * 8 + "=h," * S + "l,l,l,l", [wa, wb, sa, sb],
-                                     dtype=(tl.int32,) * 8 + (tl.bfloat16,) * S, is_pure=True, pack=1)  # fmt: skip
+        return emulate.load_w_rows(wa, wb, sa, sb, PAIRS, GROUP)
+    if PAIRS:  # (the selector of _load_w_asm's group-32 permute: lanes t >= 2 take the high halves)
+        sel = tl.where(tl.arange(0, wa.shape[0]) % 4 >= 2, 0x3232, 0x1010)
+        return tl.inline_asm_elementwise(LOAD, "=r," * 12 + "l,l,l,l,r", [wa, wb, sa, sb, sel],
+                                         dtype=(tl.int32,) * 12, is_pure=True, pack=1)  # fmt: skip
+    else:
+        return tl.inline_asm_elementwise(LOAD, "=r," * 8 + "=h,=h,l,l,l,l", [wa, wb, sa, sb],
+                                         dtype=(tl.int32,) * 8 + (tl.bfloat16,) * 2, is_pure=True, pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -226,7 +238,7 @@ def _tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr):
     PAIRS), x: NT of _load_x's 16."""
     if _EMULATE:
         return emulate.tile(w, x, acc, NT, PAIRS)
-    S: tl.constexpr = "h," * (4 if PAIRS else 2)
+    S: tl.constexpr = "r,r,r,r," if PAIRS else "h,h,"
     if NT == 1:
         asm: tl.constexpr = _TILE_N1_PAIRS if PAIRS else _TILE_N1
         return tl.inline_asm_elementwise(asm, "=f," * 4 + "r," * 8 + S + "r," * 16 + "f,f,f,f", w + x[0] + acc,
@@ -248,11 +260,11 @@ def _advance(addresses, by):
 @triton.jit
 def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, PAIRS: tl.constexpr):
     """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t, with PAIRS 16t) and of
-    their scale: the main loop only advances them."""
+    their scale (with PAIRS the scale of K = k_lo): the main loop only advances them."""
     kt = k_lo + (16 if PAIRS else 32) * (tl.arange(0, rows.shape[0]) % 4)
     r = rows.to(tl.int64)
     w_lane = w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4 + kt // 2
-    s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + (kt // GROUP) * 2
+    s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + ((k_lo if PAIRS else kt) // GROUP) * 2
     return w_lane, s_lane
 
 

@@ -51,7 +51,7 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 
 @pytest.mark.usefixtures("cpu_kernels")
 @pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
-                                  "pairs-g128-two-warps", "pairs-one-tile-steps"])
+                                  "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -66,6 +66,7 @@ def test_mma_gemv_under_the_interpreter(case):
         "pairs-g128-two-warps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2,
                                                       mma_word_pairs=True), "int4-g128"),
         "pairs-one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_word_pairs=True), "int4"),
+        "pairs-g64": (32, 512, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_word_pairs=True), "int4-g64"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -99,6 +100,7 @@ CASES = {  # name: (format, N, K, config)
     "pairs-shipped": ("int4", 6144, 4096, replace(_MMA, mma_word_pairs=True)),
     "pairs-g128-two-rowtiles": ("int4-g128", 2048, 1024, replace(_MMA, block_n=32, mma_word_pairs=True)),
     "pairs-one-tile-steps": ("int4", 1024, 1536, replace(configs._GEMV_MMA_ONE_TILE, mma_word_pairs=True)),
+    "pairs-g64": ("int4-g64", 1024, 2048, replace(_MMA, mma_word_pairs=True)),
 }
 
 
