@@ -175,9 +175,9 @@ def section_m16u(deadline: float) -> None:
 
 def section_pairs(deadline: float) -> None:
     """The word-pair lane layout (GemvConfig.mma_word_pairs: half the activation L1 wavefronts, twice the weights')
-    against the shipped one, on the shipped mma configs as they serve 1, 8 and 16 rows (at 16 also two K tiles a
-    step), against the dispatch in the same run; then the dispatch itself with pairs from 9 rows
-    (configs.MMA_WORD_PAIRS_FROM = 9) against it as shipped, three alternating rounds, median us."""
+    against the 1-8-row one, on the mma configs as they serve 1, 8 and 16 rows (at 16 also two K tiles a step),
+    against the dispatch in the same run; then the dispatch at 9-16 rows against one without the layout, three
+    alternating rounds, median us."""
     base = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
             "long-k": configs._GEMV_MMA_LONG_K}  # fmt: skip
     variants: dict[int, dict[str, GemvConfig]] = {}
@@ -189,10 +189,10 @@ def section_pairs(deadline: float) -> None:
         variants[m] = {f"{name}/{layout}": replace(cfg, mma_word_pairs=layout == "pairs")
                        for name, cfg in cfgs.items() for layout in ("words", "pairs")}  # fmt: skip
     section_gemv(deadline, variants, dispatched=True)
-    say("\n== the dispatch at 9-16 rows, graph_us us (median of 3 alternating rounds): shipped; pairs (the mma GEMV's "
-        "word pairs from 9 rows); pairs+n (and the mma GEMV for every N < 16384) ==")
+    say("\n== the dispatch at 9-16 rows, graph_us us (median of 3 alternating rounds): shipped; words (the mma GEMV in "
+        "its 1-8-row layout, on small weights only: MMA_WORD_PAIRS_FROM 17, MMA_WIDE_MAX_N 0) ==")
     fmt = get_format("int4")
-    rules = {"shipped": (configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N), "pairs": (9, 0), "pairs+n": (9, 16384)}
+    rules = {"shipped": (configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N), "words": (17, 0)}
     ratios: dict[tuple[int, str], list[float]] = {}
     for model, layers in bk.DENSE.items():
         for layer, n, k in layers:

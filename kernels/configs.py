@@ -187,32 +187,33 @@ _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 MMA_MAX_M = 8
 # K tiles a step at 9-16 rows (two n8 tiles of activations, twice the activation registers a step).
 MMA_WIDE_TILES = 1
-# Rows from which the mma GEMV takes the word-pair lane layout (GemvConfig.mma_word_pairs; 17: never).
-MMA_WORD_PAIRS_FROM = 17
-# At 9-16 rows the mma GEMV also serves weights of fewer than this many rows, whatever their size (0: off).
-MMA_WIDE_MAX_N = 0
+# 9-16 rows (twenty-ninth session, bench/gemv_sweep.py --sections pairs, H200, two runs; bench/RESULTS.md): the
+# word-pair lane layout halves the L1 wavefronts of the activation loads that limit the mma GEMV there, which took
+# its one-row-tile config from 1.18x to 1.54x bf16 (geomean, 12 shapes) and past wgmma_int4 on every weight of fewer
+# than 16384 rows (Qwen3-8B qkv 13.3 -> 10.2 us, DeepSeek-V3 o 34.9 -> 31.8). One row tile a warp leads there
+# (Qwen3-30B-A3B qkv 6.4 us against 7.3 with two). At 1-8 rows the layout's extra registers (94 against 80) cost a
+# program per SM on the larger grids, and it tied overall: those rows keep the shipped layout.
+MMA_WORD_PAIRS_FROM = 9  # rows from which the mma GEMV takes the word-pair layout (17: never)
+MMA_WIDE_MAX_N = 16384  # at 9-16 rows the mma GEMV serves weights of fewer rows than this, whatever their size
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
 # Two row tiles per warp beyond one row (H200, twenty-fifth session; two runs each of 9ac814a's gemv_sweep m16rw and
 # mt4 sections, and `bench/gemv_sweep.py --sections shapes` measures the shipped configs against the dispatch): at
 # 2-8 rows on tall matrices (N >= 16384) Qwen3-8B gate_up 27.1 -> 23.4 us, DeepSeek-V3 q_b 11.8 -> 10.7, its MLP
-# gate_up 65.4 -> 55.8 (at M = 1 a tie or slower: M = 1 keeps _GEMV_MMA); and at 9-16 rows on small weights, where
-# wgmma_int4's fill and split-K tail dominate, with half a program per SM or more (Qwen3-8B o 10.7 -> 8.8 us;
-# Qwen3-30B-A3B o, N = 2048 (64 programs of 32 rows), takes one row tile: 8.5 -> 6.8).
+# gate_up 65.4 -> 55.8 (at M = 1 a tie or slower: M = 1 keeps _GEMV_MMA). (At 9-16 rows, before the word-pair layout,
+# they served the small weights: Qwen3-8B o 10.7 -> 8.8 us; with it one row tile does better, above.)
 _GEMV_MMA_TWO_ROWTILES = replace(_GEMV_MMA, block_n=32, programs_per_sm=16)
 MMA_SMALL_WEIGHT = 1 << 24  # N * K up to which the mma GEMV serves 9-16 rows instead of wgmma_int4 (4096 x 4096)
 MMA_SHAPE_DISPATCH = True  # False: both rules above off, the dispatch before them (bench --old-mma-dispatch A/B)
 
 
-def _mma_config(m: int, w: PackedWeight, device: torch.device) -> GemvConfig:
-    """The mma GEMV's config for M rows (up to 8, or 16 on small weights) of `w`: see the measurements above."""
+def _mma_config(m: int, w: PackedWeight) -> GemvConfig:
+    """The mma GEMV's config for M rows of `w` (up to 8, or 16 where pick_gemv sends them), before _at_rows: see the
+    measurements above."""
     if w.k >= 16384:
-        cfg = _GEMV_MMA_LONG_K
-    else:
-        two = w.n >= 16384 or (m > MMA_MAX_M and 2 * w.n >= _GEMV_MMA_TWO_ROWTILES.block_n * sm_count(device))
-        cfg = _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and m > 1 and two else _GEMV_MMA
-    return cfg
+        return _GEMV_MMA_LONG_K
+    return _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and 1 < m <= MMA_MAX_M and w.n >= 16384 else _GEMV_MMA
 
 
 def _at_rows(cfg: GemvConfig, m: int) -> GemvConfig:
@@ -238,9 +239,9 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and w.n * w.k <= MMA_SMALL_WEIGHT)
-                          or w.n < MMA_WIDE_MAX_N):  # fmt: skip
-        for cfg in (_mma_config(m, w, device), _GEMV_MMA_ONE_TILE):
+    if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and (w.n * w.k <= MMA_SMALL_WEIGHT
+                                                                     or w.n < MMA_WIDE_MAX_N))):  # fmt: skip
+        for cfg in (_mma_config(m, w), _GEMV_MMA_ONE_TILE):
             cfg = _at_rows(cfg, m)
             if mma_ok(w, cfg):
                 return cfg

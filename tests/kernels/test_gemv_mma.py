@@ -150,19 +150,19 @@ def test_gpu_dispatch_lora_and_graph_replay():
 @gpu
 @pytest.mark.parametrize("m", [2, 9, 16])
 def test_gpu_dispatch_by_rows_and_weight_size(m, monkeypatch):
-    """configs.pick_gemv's choice as dense_gemm runs it: at 9-16 rows the mma GEMV takes small weights (Qwen3-30B-A3B
-    o: one row tile a warp, too few rows for two) and wgmma_int4 the rest; at 2-8 rows tall matrices take two row
-    tiles a warp. Each result against the fp64 oracle, with adapters added after the launch."""
+    """configs.pick_gemv's choice as dense_gemm runs it: at 9-16 rows the mma GEMV, one row tile a warp in word pairs,
+    takes weights of fewer than MMA_WIDE_MAX_N rows (the small one, and a 4096-row one past MMA_SMALL_WEIGHT) and
+    wgmma_int4 the tall one; at 2-8 rows tall matrices take two row tiles a warp. Each result against the fp64
+    oracle, with adapters added after the launch."""
     ran = []
     real = gemm.gemv
     monkeypatch.setattr(gemm, "gemv", lambda *a, **kw: ran.append(a[3]) or real(*a, **kw))
     sms = configs.sm_count(torch.device("cuda"))
-    small, tall = (2048, 4096), (max(16384, 32 * sms), 2048)
-    # (two row tiles for the small one at 9-16 rows only on GPUs of at most 128 SMs: half a program per SM)
-    small_cfg = configs._GEMV_MMA_TWO_ROWTILES if m > 8 and 2 * small[0] >= 32 * sms else configs._GEMV_MMA
+    small, wide, tall = (2048, 4096), (4096, 8192), (max(16384, 32 * sms), 2048)
     # (at 9-16 rows MMA_WIDE_TILES K tiles a step; from MMA_WORD_PAIRS_FROM rows the word-pair layout)
-    expect = {small: configs._at_rows(small_cfg, m),
+    expect = {small: configs._at_rows(configs._GEMV_MMA, m), wide: configs._at_rows(configs._GEMV_MMA, m),
               tall: configs._at_rows(configs._GEMV_MMA_TWO_ROWTILES, m) if m <= 8 else None}
+    assert m <= 8 or expect[small].mma_word_pairs
     for (n, k), cfg in expect.items():
         packed, w = random_weight("int4", (n, k), seed=9, device="cuda")
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
