@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
 
     python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,floor,
-                                                              epilogue,regs,pairs]
+                                                              epilogue,regs,pairs,pairsab]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
 (graph_us), each output checked against an fp32 reference; per-variant geomean speedups over bf16 F.linear and the
@@ -13,7 +13,7 @@ configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 row
 epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
 and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows and with one row 16 times (stride
 0), and M = 1. regs: the mma GEMV with and without a register cap. pairs: the mma GEMV's word-pair lane layout
-against the shipped one, and the dispatch with it at 9-16 rows.
+against the shipped one, and the dispatch with it at 9-16 rows (pairsab: that A/B alone).
 """
 
 from __future__ import annotations
@@ -189,6 +189,11 @@ def section_pairs(deadline: float) -> None:
         variants[m] = {f"{name}/{layout}": replace(cfg, mma_word_pairs=layout == "pairs")
                        for name, cfg in cfgs.items() for layout in ("words", "pairs")}  # fmt: skip
     section_gemv(deadline, variants, dispatched=True)
+    section_pairs_dispatch(deadline)
+
+
+def section_pairs_dispatch(deadline: float) -> None:
+    """The dispatch at 9-16 rows as shipped against one without the word-pair layout (section_pairs' second half)."""
     say("\n== the dispatch at 9-16 rows, graph_us us (median of 3 alternating rounds): shipped; words (the mma GEMV in "
         "its 1-8-row layout, on small weights only: MMA_WORD_PAIRS_FROM 17, MMA_WIDE_MAX_N 0) ==")
     fmt = get_format("int4")
@@ -576,7 +581,7 @@ def main() -> None:
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
                 "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs,
-                "pairs": section_pairs}
+                "pairs": section_pairs, "pairsab": section_pairs_dispatch}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

@@ -180,10 +180,11 @@ def _train_tile(variant: str):
 
 
 def _spy(monkeypatch) -> list:
-    """Record each launch of the wgmma kernel by dense_gemm, which sends it 9-16 rows of small weights too here (the
-    mma GEMV serves those as shipped: configs.MMA_SMALL_WEIGHT)."""
+    """Record each launch of the wgmma kernel by dense_gemm, which sends it 9-16 rows of every weight here (the mma
+    GEMV serves small and shorter-than-16384-row weights as shipped: configs.MMA_SMALL_WEIGHT, MMA_WIDE_MAX_N)."""
     gemm = sys.modules["orbit_lightning.kernels.gemm"]
     monkeypatch.setattr(gemm.configs, "MMA_SMALL_WEIGHT", 0)
+    monkeypatch.setattr(gemm.configs, "MMA_WIDE_MAX_N", 0)
     calls = []
     monkeypatch.setattr(gemm, "wgmma_int4", lambda x, *a, _f=gemm.wgmma_int4: calls.append(x.shape) or _f(x, *a))
     return calls
