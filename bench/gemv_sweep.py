@@ -1,7 +1,7 @@
 """Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
 
     python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,floor,
-                                                              epilogue,regs,pairs,pairsab]
+                                                              epilogue,regs,pairs,pairsab,pairsgrid]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
 (graph_us), each output checked against an fp32 reference; per-variant geomean speedups over bf16 F.linear and the
@@ -13,7 +13,8 @@ configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 row
 epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
 and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows and with one row 16 times (stride
 0), and M = 1. regs: the mma GEMV with and without a register cap. pairs: the mma GEMV's word-pair lane layout
-against the shipped one, and the dispatch with it at 9-16 rows (pairsab: that A/B alone).
+against the shipped one, and the dispatch with it at 9-16 rows (pairsab: that A/B alone); pairsgrid: the layout at
+1-8 rows on small grids.
 """
 
 from __future__ import annotations
@@ -225,6 +226,44 @@ def section_pairs_dispatch(deadline: float) -> None:
             del wdq, wbf
             torch.cuda.empty_cache()
     say("geomean x bf16: " + ", ".join(f"M={m} {r} {gm(v):.3f}" for (m, r), v in ratios.items()))
+
+
+def section_pairs_small_grid(deadline: float) -> None:
+    """The dispatch at 1, 4 and 8 rows with the word-pair layout on grids of at most two programs per SM
+    (configs.MMA_PAIRS_SMALL_GRID = 2: where its 94 registers, against 80, cost no program per SM) against it as
+    shipped, three alternating rounds, median us; the shapes whose config changes only."""
+    say("\n== the dispatch at 1-8 rows: shipped / word pairs on grids of <= 2 programs per SM, graph_us us ==")
+    fmt = get_format("int4")
+    ratios: dict[int, list[float]] = {}
+    shipped = configs.MMA_PAIRS_SMALL_GRID
+    for model, layers in bk.DENSE.items():
+        for layer, n, k in layers:
+            if time.time() > deadline:
+                return
+            packed, w, wdq, wbf = layer_case(fmt, n, k)
+            for m in (1, 4, 8):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                configs.MMA_PAIRS_SMALL_GRID = 2
+                try:
+                    if not configs.pick_gemv(m, x.device, x.dtype, True, w).mma_word_pairs:
+                        continue
+                    ref, bound = reference(x, wdq)
+                    t: dict[int, list[float]] = {shipped: [], 2: []}
+                    for _ in range(3):
+                        for rule in t:
+                            configs.MMA_PAIRS_SMALL_GRID = rule
+                            assert ((kernels.int4_linear(x, packed).float() - ref).abs() <= bound).all(), rule
+                            t[rule].append(graph_us(kernels.int4_linear, x, packed))
+                finally:
+                    configs.MMA_PAIRS_SMALL_GRID = shipped
+                a, b = sorted(t[shipped])[1], sorted(t[2])[1]
+                ratios.setdefault(m, []).append(a / b)
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m} | bf16 {graph_us(F.linear, x, wbf):6.1f} | shipped {a:6.2f} "
+                    f"small-grid pairs {b:6.2f} ({a / b:.3f}x)")  # fmt: skip
+            del wdq, wbf
+            torch.cuda.empty_cache()
+    say("geomean shipped / small-grid pairs over the changed shapes: " + ", ".join(
+        f"M={m} {gm(v):.3f} ({len(v)})" for m, v in ratios.items()))
 
 
 def section_floor(deadline: float) -> None:
@@ -581,7 +620,8 @@ def main() -> None:
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
                 "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs,
-                "pairs": section_pairs, "pairsab": section_pairs_dispatch}
+                "pairs": section_pairs, "pairsab": section_pairs_dispatch,
+                "pairsgrid": section_pairs_small_grid}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

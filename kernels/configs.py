@@ -195,6 +195,7 @@ MMA_WIDE_TILES = 1
 # program per SM on the larger grids, and it tied overall: those rows keep the shipped layout.
 MMA_WORD_PAIRS_FROM = 9  # rows from which the mma GEMV takes the word-pair layout (17: never)
 MMA_WIDE_MAX_N = 16384  # at 9-16 rows the mma GEMV serves weights of fewer rows than this, whatever their size
+MMA_PAIRS_SMALL_GRID = 0  # and at 1-8 rows it takes the word pairs on grids of at most this many programs per SM
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
@@ -216,10 +217,12 @@ def _mma_config(m: int, w: PackedWeight) -> GemvConfig:
     return _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and 1 < m <= MMA_MAX_M and w.n >= 16384 else _GEMV_MMA
 
 
-def _at_rows(cfg: GemvConfig, m: int) -> GemvConfig:
-    """An mma config as it serves m rows: at most MMA_WIDE_TILES K tiles a step past MMA_MAX_M rows, and the
-    word-pair layout from MMA_WORD_PAIRS_FROM rows."""
-    return _variant(cfg, MMA_WIDE_TILES if m > MMA_MAX_M else cfg.mma_tiles, m >= MMA_WORD_PAIRS_FROM)
+def _at_rows(cfg: GemvConfig, m: int, n: int, sms: int) -> GemvConfig:
+    """An mma config as it serves m rows of an n-row weight on sms SMs: at most MMA_WIDE_TILES K tiles a step past
+    MMA_MAX_M rows, and the word-pair layout from MMA_WORD_PAIRS_FROM rows, or on grids of at most
+    MMA_PAIRS_SMALL_GRID programs per SM."""
+    pairs = m >= MMA_WORD_PAIRS_FROM or n // cfg.block_n <= MMA_PAIRS_SMALL_GRID * sms  # (0 * sms: off)
+    return _variant(cfg, MMA_WIDE_TILES if m > MMA_MAX_M else cfg.mma_tiles, pairs)
 
 
 @functools.cache  # (on the decode dispatch: built once, not per launch)
@@ -242,7 +245,7 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
     if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and (w.n * w.k <= MMA_SMALL_WEIGHT
                                                                      or w.n < MMA_WIDE_MAX_N))):  # fmt: skip
         for cfg in (_mma_config(m, w), _GEMV_MMA_ONE_TILE):
-            cfg = _at_rows(cfg, m)
+            cfg = _at_rows(cfg, m, w.n, sm_count(device))
             if mma_ok(w, cfg):
                 return cfg
     if m == 1 and w is not None and w.k <= 4096 and w.n >= 4 * _GEMV_TALL.block_n * sm_count(device):
