@@ -1,20 +1,15 @@
-"""Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py).
+"""Sweep of the small-M (decode) kernels on the GPU machine (the one-pass dequantize's: bench/dequant_sweep.py; the
+mma GEMV's variants: bench/mma_sweep.py).
 
-    python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,mma,m16x,m16mt,shapes,m16u,floor,
-                                                              epilogue,regs,pairs,pairsab,pairsgrid]
+    python bench/gemv_sweep.py [--budget SECONDS] [--sections gemv,final,tma,lora,m16x,floor,epilogue,regs]
 
 gemv: GemvConfig variants on the dense layer shapes of bench/kernels.py at M = 1 and 16, CUDA-graph cold-L2 times
 (graph_us), each output checked against an fp32 reference; per-variant geomean speedups over bf16 F.linear and the
 best variant per shape. final: the short list per M (1, 2, 4, 16), then the winners wired into configs._GEMV for
 this process and bench/kernels.py's dense table run with them. tma: the descriptor variants. lora: the decode LoRA
-in the GEMV's launch or after it. mma: gemv_mma.py's variants at M = 1 against the shipped split and TMA configs.
-m16mt: the mma kernel at 9 and 16 rows with 1 or 2 row tiles per warp, against the dispatch; shapes: the shipped mma
-configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a step.
-epilogue: the mma GEMV's direct store against its tile epilogue. floor: small GEMVs at M = 1 cold and warm, PDL on
-and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows and with one row 16 times (stride
-0), and M = 1. regs: the mma GEMV with and without a register cap. pairs: the mma GEMV's word-pair lane layout
-against the shipped one, and the dispatch with it at 9-16 rows (pairsab: that A/B alone); pairsgrid: the layout at
-1-8 rows on small grids.
+in the GEMV's launch or after it. epilogue: the mma GEMV's direct store against its tile epilogue. floor: small
+GEMVs at M = 1 cold and warm, PDL on and off, more warps a program. m16x: the M = 16 kernels with 16 activation rows
+and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and without a register cap.
 """
 
 from __future__ import annotations
@@ -118,152 +113,6 @@ def section_tma(deadline: float) -> None:
     tma = tma_variants()
     section_gemv(deadline, {m: {**tma[m], **{f"shipped/m{b}": c for b, c in configs._GEMV if b == m}} for m in tma},
                  models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
-
-
-def mma_variants() -> dict[str, GemvConfig]:
-    """The per-thread mma kernel (gemv_mma.py) at M = 1: the shipped config and its neighbours (warps per program,
-    warps per SM, K tiles per step, the L2 prefetch hint; two row tiles per warp)."""
-    out = {f"mma16w{nw}/p{pps}/t{t}/l2{pf}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
-                                                       mma_tiles=t, l2_prefetch=pf)
-           for nw, pps, t, pf in ((8, 24, 2, 128), (8, 16, 2, 128), (8, 24, 2, 0), (16, 16, 2, 128),
-                                  (8, 24, 1, 128), (8, 24, 4, 128), (8, 32, 2, 128), (8, 8, 2, 128),
-                                  (8, 12, 2, 128), (4, 24, 2, 128), (2, 24, 2, 128), (4, 24, 4, 128))}  # fmt: skip
-    out["mma32w8/p16/t2"] = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
-    return out
-
-
-def section_mma(deadline: float) -> None:
-    """The mma kernel's variants against the shipped tile configs: M = 1 (and TMA), 4, 8 and 16."""
-    shipped = {"split/shipped": configs.GEMV_ONE_ROW, "tma/shipped": configs._GEMV_TALL}
-    rows = {f"mma16w{nw}/p{pps}/t{t}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
-                                                  mma_tiles=t, l2_prefetch=128)
-            for nw, pps, t in ((8, 24, 2), (8, 16, 1), (16, 16, 2), (4, 24, 2), (8, 12, 1))}  # fmt: skip
-    rows["mma32w8/p16/t2"] = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
-    split = {m: {"split/shipped": next(c for b, c in configs.GEMV_TILES if m <= b)} for m in (4, 8, 16)}
-    variants = {1: {**mma_variants(), **shipped}, **{m: {**rows, **split[m]} for m in (4, 8, 16)}}
-    section_gemv(deadline, variants, models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
-
-
-def section_m16mt(deadline: float) -> None:
-    """9 and 16 rows on the mma GEMV with 1 or 2 row tiles per warp (block_n 16 / 32: 4 or 2 activation bytes loaded
-    per weight byte), warps per program and per SM, against the dispatched kernel (wgmma_int4) in the same run. (Four
-    row tiles, block_n 64, lost on every shape: bench/RESULTS.md, twenty-third session.)"""
-    variants = {f"mma{bn}w{nw}/p{pps}": GemvConfig(16, bn, 128, mma=True, num_warps=nw, programs_per_sm=pps,
-                                                   l2_prefetch=128)
-                for bn in (16, 32) for nw in (4, 8, 16) for pps in (8, 16, 24)}  # fmt: skip
-    section_gemv(deadline, {9: variants, 16: variants}, dispatched=True)
-
-
-def section_shapes(deadline: float) -> None:
-    """The mma GEMV's shipped configs at 1, 8, 9 and 16 rows against the dispatch in the same run: the data behind
-    configs.pick_gemv's choice by rows and weight shape (one or two row tiles a warp; the mma GEMV or wgmma_int4 at
-    9-16 rows). Row warps and four row tiles a warp, tried in the twenty-third to twenty-fifth sessions, lost
-    everywhere (bench/RESULTS.md)."""
-    variants = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
-                "long-k": configs._GEMV_MMA_LONG_K}
-    section_gemv(deadline, {m: variants for m in (1, 8, 9, 16)}, dispatched=True)
-
-
-def section_m16u(deadline: float) -> None:
-    """9 and 16 rows on the mma GEMV's shipped configs with one or two K tiles a step (configs.MMA_WIDE_TILES), against
-    the dispatch in the same run: the loop that issues the next step's loads after this step's products (sm_90
-    ptxas: 128 registers at one row tile and two K tiles, 166 at two row tiles)."""
-    variants = {f"{name}/u{u}": replace(cfg, mma_tiles=u)
-                for name, cfg in (("one-rowtile", configs._GEMV_MMA), ("two-rowtiles", configs._GEMV_MMA_TWO_ROWTILES),
-                                  ("long-k", configs._GEMV_MMA_LONG_K)) for u in (1, 2)}  # fmt: skip
-    section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
-
-
-def section_pairs(deadline: float) -> None:
-    """The word-pair lane layout (GemvConfig.mma_word_pairs: half the activation L1 wavefronts, twice the weights')
-    against the 1-8-row one, on the mma configs as they serve 1, 8 and 16 rows (at 16 also two K tiles a step),
-    against the dispatch in the same run; then the dispatch at 9-16 rows against one without the layout, three
-    alternating rounds, median us."""
-    base = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
-            "long-k": configs._GEMV_MMA_LONG_K}  # fmt: skip
-    variants: dict[int, dict[str, GemvConfig]] = {}
-    for m in (1, 8, 16):
-        cfgs = {name: replace(cfg, mma_tiles=min(cfg.mma_tiles, configs.MMA_WIDE_TILES)) if m > configs.MMA_MAX_M
-                else cfg for name, cfg in base.items()}  # fmt: skip
-        if m > configs.MMA_MAX_M:
-            cfgs["one-rowtile/u2"] = configs._GEMV_MMA
-        variants[m] = {f"{name}/{layout}": replace(cfg, mma_word_pairs=layout == "pairs")
-                       for name, cfg in cfgs.items() for layout in ("words", "pairs")}  # fmt: skip
-    section_gemv(deadline, variants, dispatched=True)
-    section_pairs_dispatch(deadline)
-
-
-def section_pairs_dispatch(deadline: float) -> None:
-    """The dispatch at 9-16 rows as shipped against one without the word-pair layout (section_pairs' second half)."""
-    say("\n== the dispatch at 9-16 rows, graph_us us (median of 3 alternating rounds): shipped; words (the mma GEMV in "
-        "its 1-8-row layout, on small weights only: MMA_WORD_PAIRS_FROM 17, MMA_WIDE_MAX_N 0) ==")
-    fmt = get_format("int4")
-    rules = {"shipped": (configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N), "words": (17, 0)}
-    ratios: dict[tuple[int, str], list[float]] = {}
-    for model, layers in bk.DENSE.items():
-        for layer, n, k in layers:
-            if time.time() > deadline:
-                return
-            packed, w, wdq, wbf = layer_case(fmt, n, k)
-            for m in (9, 16):
-                x = torch.randn(m, k, device="cuda").bfloat16()
-                ref, bound = reference(x, wdq)
-                t: dict[str, list[float]] = {r: [] for r in rules}
-                try:
-                    for _ in range(3):
-                        for r, (start, max_n) in rules.items():
-                            configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = start, max_n
-                            assert ((kernels.int4_linear(x, packed).float() - ref).abs() <= bound).all(), r
-                            t[r].append(graph_us(kernels.int4_linear, x, packed))
-                finally:
-                    configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = rules["shipped"]
-                med = {r: sorted(v)[1] for r, v in t.items()}
-                b16 = graph_us(F.linear, x, wbf)
-                for r in rules:
-                    ratios.setdefault((m, r), []).append(b16 / med[r])
-                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} | bf16 {b16:6.1f} | " + " ".join(
-                    f"{r} {v:6.2f}" for r, v in med.items()))
-            del wdq, wbf
-            torch.cuda.empty_cache()
-    say("geomean x bf16: " + ", ".join(f"M={m} {r} {gm(v):.3f}" for (m, r), v in ratios.items()))
-
-
-def section_pairs_small_grid(deadline: float) -> None:
-    """The dispatch at 1, 4 and 8 rows with the word-pair layout on grids of at most two programs per SM
-    (configs.MMA_PAIRS_SMALL_GRID = 2: where its 94 registers, against 80, cost no program per SM) against it as
-    shipped, three alternating rounds, median us; the shapes whose config changes only."""
-    say("\n== the dispatch at 1-8 rows: shipped / word pairs on grids of <= 2 programs per SM, graph_us us ==")
-    fmt = get_format("int4")
-    ratios: dict[int, list[float]] = {}
-    shipped = configs.MMA_PAIRS_SMALL_GRID
-    for model, layers in bk.DENSE.items():
-        for layer, n, k in layers:
-            if time.time() > deadline:
-                return
-            packed, w, wdq, wbf = layer_case(fmt, n, k)
-            for m in (1, 4, 8):
-                x = torch.randn(m, k, device="cuda").bfloat16()
-                configs.MMA_PAIRS_SMALL_GRID = 2
-                try:
-                    if not configs.pick_gemv(m, x.device, x.dtype, True, w).mma_word_pairs:
-                        continue
-                    ref, bound = reference(x, wdq)
-                    t: dict[int, list[float]] = {shipped: [], 2: []}
-                    for _ in range(3):
-                        for rule in t:
-                            configs.MMA_PAIRS_SMALL_GRID = rule
-                            assert ((kernels.int4_linear(x, packed).float() - ref).abs() <= bound).all(), rule
-                            t[rule].append(graph_us(kernels.int4_linear, x, packed))
-                finally:
-                    configs.MMA_PAIRS_SMALL_GRID = shipped
-                a, b = sorted(t[shipped])[1], sorted(t[2])[1]
-                ratios.setdefault(m, []).append(a / b)
-                say(f"{model}.{layer:12} {n:6} {k:6} M={m} | bf16 {graph_us(F.linear, x, wbf):6.1f} | shipped {a:6.2f} "
-                    f"small-grid pairs {b:6.2f} ({a / b:.3f}x)")  # fmt: skip
-            del wdq, wbf
-            torch.cuda.empty_cache()
-    say("geomean shipped / small-grid pairs over the changed shapes: " + ", ".join(
-        f"M={m} {gm(v):.3f} ({len(v)})" for m, v in ratios.items()))
 
 
 def section_floor(deadline: float) -> None:
@@ -618,10 +467,7 @@ def main() -> None:
     deadline = time.time() + args.budget
     say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
-                "mma": section_mma, "m16x": section_m16x, "m16mt": section_m16mt, "shapes": section_shapes,
-                "m16u": section_m16u, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs,
-                "pairs": section_pairs, "pairsab": section_pairs_dispatch,
-                "pairsgrid": section_pairs_small_grid}
+                "m16x": section_m16x, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs}
     start = time.time()
     for name in args.sections.split(","):
         sections[name](deadline)

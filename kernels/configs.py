@@ -175,7 +175,7 @@ _GEMV_CPU = GemvConfig(16, 16, 32, k_iters=0, num_warps=1)  # interpreter: small
 _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 
 # M <= 8, int4 (groups >= 32) on bf16: the per-thread mma kernel (gemv_mma.py), about half the instructions per weight
-# of the tile kernels above. bench/gemv_sweep.py --sections mma (H200, 2026-11-30, bench/RESULTS.md): one row tile
+# of the tile kernels above. bench/mma_sweep.py --sections mma (H200, 2026-11-30, bench/RESULTS.md): one row tile
 # per warp, two adjacent K tiles per step (a row's whole 128-byte line per quad of lanes) with the L2 told to fetch
 # 128 bytes, K split over up to 8 warps of a program, ~24 warps per SM, beats the split and TMA configs on every
 # shape measured (Qwen3-8B qkv / o / gate_up / down 9.3 / 7.4 / 23.4 / 14.3 us against 10.4 / 9.2 / 26.1 TMA / 16.5).
@@ -187,7 +187,7 @@ _GEMV_TALL = GemvConfig(16, 32, 256, k_iters=64, num_stages=4, tma=True)
 MMA_MAX_M = 8
 # K tiles a step at 9-16 rows (two n8 tiles of activations, twice the activation registers a step).
 MMA_WIDE_TILES = 1
-# 9-16 rows (twenty-ninth session, bench/gemv_sweep.py --sections pairs, H200, two runs; bench/RESULTS.md): the
+# 9-16 rows (twenty-ninth session, bench/mma_sweep.py --sections pairs, H200, two runs; bench/RESULTS.md): the
 # word-pair lane layout halves the L1 wavefronts of the activation loads that limit the mma GEMV there, which took
 # its one-row-tile config from 1.18x to 1.54x bf16 (geomean, 12 shapes) and past wgmma_int4 on every weight of fewer
 # than 16384 rows (Qwen3-8B qkv 13.3 -> 10.2 us, DeepSeek-V3 o 34.9 -> 31.8). One row tile a warp leads there
@@ -195,12 +195,11 @@ MMA_WIDE_TILES = 1
 # program per SM on the larger grids, and it tied overall: those rows keep the shipped layout.
 MMA_WORD_PAIRS_FROM = 9  # rows from which the mma GEMV takes the word-pair layout (17: never)
 MMA_WIDE_MAX_N = 16384  # at 9-16 rows the mma GEMV serves weights of fewer rows than this, whatever their size
-MMA_PAIRS_SMALL_GRID = 0  # and at 1-8 rows it takes the word pairs on grids of at most this many programs per SM
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
 _GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
 # Two row tiles per warp beyond one row (H200, twenty-fifth session; two runs each of 9ac814a's gemv_sweep m16rw and
-# mt4 sections, and `bench/gemv_sweep.py --sections shapes` measures the shipped configs against the dispatch): at
+# mt4 sections, and `bench/mma_sweep.py --sections shapes` measures the shipped configs against the dispatch): at
 # 2-8 rows on tall matrices (N >= 16384) Qwen3-8B gate_up 27.1 -> 23.4 us, DeepSeek-V3 q_b 11.8 -> 10.7, its MLP
 # gate_up 65.4 -> 55.8 (at M = 1 a tie or slower: M = 1 keeps _GEMV_MMA). (At 9-16 rows, before the word-pair layout,
 # they served the small weights: Qwen3-8B o 10.7 -> 8.8 us; with it one row tile does better, above.)
@@ -217,12 +216,11 @@ def _mma_config(m: int, w: PackedWeight) -> GemvConfig:
     return _GEMV_MMA_TWO_ROWTILES if MMA_SHAPE_DISPATCH and 1 < m <= MMA_MAX_M and w.n >= 16384 else _GEMV_MMA
 
 
-def _at_rows(cfg: GemvConfig, m: int, n: int, sms: int) -> GemvConfig:
-    """An mma config as it serves m rows of an n-row weight on sms SMs: at most MMA_WIDE_TILES K tiles a step past
-    MMA_MAX_M rows, and the word-pair layout from MMA_WORD_PAIRS_FROM rows, or on grids of at most
-    MMA_PAIRS_SMALL_GRID programs per SM."""
-    pairs = m >= MMA_WORD_PAIRS_FROM or n // cfg.block_n <= MMA_PAIRS_SMALL_GRID * sms  # (0 * sms: off)
-    return _variant(cfg, MMA_WIDE_TILES if m > MMA_MAX_M else cfg.mma_tiles, pairs)
+def _at_rows(cfg: GemvConfig, m: int) -> GemvConfig:
+    """An mma config as it serves m rows: at most MMA_WIDE_TILES K tiles a step past MMA_MAX_M rows, and the
+    word-pair layout from MMA_WORD_PAIRS_FROM rows. (At 1-8 rows the layout on grids of at most two programs per SM,
+    where its registers cost no program, lost on as many shapes as it won: bench/RESULTS.md, thirtieth session.)"""
+    return _variant(cfg, MMA_WIDE_TILES if m > MMA_MAX_M else cfg.mma_tiles, m >= MMA_WORD_PAIRS_FROM)
 
 
 @functools.cache  # (on the decode dispatch: built once, not per launch)
@@ -245,7 +243,7 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
     if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and (w.n * w.k <= MMA_SMALL_WEIGHT
                                                                      or w.n < MMA_WIDE_MAX_N))):  # fmt: skip
         for cfg in (_mma_config(m, w), _GEMV_MMA_ONE_TILE):
-            cfg = _at_rows(cfg, m, w.n, sm_count(device))
+            cfg = _at_rows(cfg, m)
             if mma_ok(w, cfg):
                 return cfg
     if m == 1 and w is not None and w.k <= 4096 and w.n >= 4 * _GEMV_TALL.block_n * sm_count(device):

@@ -157,11 +157,10 @@ def test_gpu_dispatch_by_rows_and_weight_size(m, monkeypatch):
     ran = []
     real = gemm.gemv
     monkeypatch.setattr(gemm, "gemv", lambda *a, **kw: ran.append(a[3]) or real(*a, **kw))
-    sms = configs.sm_count(torch.device("cuda"))
-    small, wide, tall = (2048, 4096), (4096, 8192), (max(16384, 32 * sms), 2048)
+    small, wide, tall = (2048, 4096), (4096, 8192), (max(16384, 32 * configs.sm_count(torch.device("cuda"))), 2048)
     # (at 9-16 rows MMA_WIDE_TILES K tiles a step; from MMA_WORD_PAIRS_FROM rows the word-pair layout)
-    expect = {(n, k): configs._at_rows(configs._GEMV_MMA, m, n, sms) for n, k in (small, wide)}
-    expect[tall] = configs._at_rows(configs._GEMV_MMA_TWO_ROWTILES, m, tall[0], sms) if m <= 8 else None
+    expect = {(n, k): configs._at_rows(configs._GEMV_MMA, m) for n, k in (small, wide)}
+    expect[tall] = configs._at_rows(configs._GEMV_MMA_TWO_ROWTILES, m) if m <= 8 else None
     assert m <= 8 or expect[small].mma_word_pairs
     for (n, k), cfg in expect.items():
         packed, w = random_weight("int4", (n, k), seed=9, device="cuda")

@@ -1,0 +1,178 @@
+"""Sweeps of the mma GEMV (kernels/gemv_mma.py), the decode kernel at 1-16 rows, on the GPU machine.
+
+    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide]
+
+Each section times variants with bench/gemv_sweep.py's section_gemv (CUDA-graph cold-L2 times, each output checked
+against an fp32 reference, geomean x bf16 F.linear over the dense shapes of bench/kernels.py). mma: the kernel's
+variants at M = 1 against the tile and TMA configs. m16mt: 9 and 16 rows with 1 or 2 row tiles per warp; shapes: the
+shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a
+step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
+A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint and
+warps per SM. (These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before
+it cite them there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+import triton
+from orbit_lightning.kernels import configs
+from orbit_lightning.kernels.configs import GemvConfig
+
+from orbit_lightning import kernels
+from orbit_lightning.quant.formats import get_format
+
+_spec = importlib.util.spec_from_file_location("gemv_sweep", os.path.join(os.path.dirname(__file__), "gemv_sweep.py"))
+gs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gs)
+bk, section_gemv, layer_case, reference = gs.bk, gs.section_gemv, gs.layer_case, gs.reference
+graph_us, gm = bk.graph_us, bk.geomean
+say = gs.say = bk.Log("mma_sweep.log")  # section_gemv's lines go to this sweep's log
+
+
+def mma_variants() -> dict[str, GemvConfig]:
+    """The per-thread mma kernel (gemv_mma.py) at M = 1: the shipped config and its neighbours (warps per program,
+    warps per SM, K tiles per step, the L2 prefetch hint; two row tiles per warp)."""
+    out = {f"mma16w{nw}/p{pps}/t{t}/l2{pf}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
+                                                       mma_tiles=t, l2_prefetch=pf)
+           for nw, pps, t, pf in ((8, 24, 2, 128), (8, 16, 2, 128), (8, 24, 2, 0), (16, 16, 2, 128),
+                                  (8, 24, 1, 128), (8, 24, 4, 128), (8, 32, 2, 128), (8, 8, 2, 128),
+                                  (8, 12, 2, 128), (4, 24, 2, 128), (2, 24, 2, 128), (4, 24, 4, 128))}  # fmt: skip
+    out["mma32w8/p16/t2"] = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
+    return out
+
+
+def section_mma(deadline: float) -> None:
+    """The mma kernel's variants against the shipped tile configs: M = 1 (and TMA), 4, 8 and 16."""
+    shipped = {"split/shipped": configs.GEMV_ONE_ROW, "tma/shipped": configs._GEMV_TALL}
+    rows = {f"mma16w{nw}/p{pps}/t{t}": GemvConfig(16, 16, 128, mma=True, num_warps=nw, programs_per_sm=pps,
+                                                  mma_tiles=t, l2_prefetch=128)
+            for nw, pps, t in ((8, 24, 2), (8, 16, 1), (16, 16, 2), (4, 24, 2), (8, 12, 1))}  # fmt: skip
+    rows["mma32w8/p16/t2"] = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
+    split = {m: {"split/shipped": next(c for b, c in configs.GEMV_TILES if m <= b)} for m in (4, 8, 16)}
+    variants = {1: {**mma_variants(), **shipped}, **{m: {**rows, **split[m]} for m in (4, 8, 16)}}
+    section_gemv(deadline, variants, models=("Qwen3-8B", "Qwen3-30B-A3B", "DeepSeek-V3"))
+
+
+def section_m16mt(deadline: float) -> None:
+    """9 and 16 rows on the mma GEMV with 1 or 2 row tiles per warp (block_n 16 / 32: 4 or 2 activation bytes loaded
+    per weight byte), warps per program and per SM, against the dispatched kernel (wgmma_int4) in the same run. (Four
+    row tiles, block_n 64, lost on every shape: bench/RESULTS.md, twenty-third session.)"""
+    variants = {f"mma{bn}w{nw}/p{pps}": GemvConfig(16, bn, 128, mma=True, num_warps=nw, programs_per_sm=pps,
+                                                   l2_prefetch=128)
+                for bn in (16, 32) for nw in (4, 8, 16) for pps in (8, 16, 24)}  # fmt: skip
+    section_gemv(deadline, {9: variants, 16: variants}, dispatched=True)
+
+
+def section_shapes(deadline: float) -> None:
+    """The mma GEMV's shipped configs at 1, 8, 9 and 16 rows against the dispatch in the same run: the data behind
+    configs.pick_gemv's choice by rows and weight shape (one or two row tiles a warp; the mma GEMV or wgmma_int4 at
+    9-16 rows). Row warps and four row tiles a warp, tried in the twenty-third to twenty-fifth sessions, lost
+    everywhere (bench/RESULTS.md)."""
+    variants = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
+                "long-k": configs._GEMV_MMA_LONG_K}
+    section_gemv(deadline, {m: variants for m in (1, 8, 9, 16)}, dispatched=True)
+
+
+def section_m16u(deadline: float) -> None:
+    """9 and 16 rows on the mma GEMV's shipped configs with one or two K tiles a step (configs.MMA_WIDE_TILES), against
+    the dispatch in the same run: the loop that issues the next step's loads after this step's products (sm_90
+    ptxas: 128 registers at one row tile and two K tiles, 166 at two row tiles)."""
+    variants = {f"{name}/u{u}": replace(cfg, mma_tiles=u)
+                for name, cfg in (("one-rowtile", configs._GEMV_MMA), ("two-rowtiles", configs._GEMV_MMA_TWO_ROWTILES),
+                                  ("long-k", configs._GEMV_MMA_LONG_K)) for u in (1, 2)}  # fmt: skip
+    section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
+
+
+def section_pairs(deadline: float) -> None:
+    """The word-pair lane layout (GemvConfig.mma_word_pairs: half the activation L1 wavefronts, twice the weights')
+    against the 1-8-row one, on the mma configs as they serve 1, 8 and 16 rows (at 16 also two K tiles a step),
+    against the dispatch in the same run; then the dispatch at 9-16 rows against one without the layout, three
+    alternating rounds, median us."""
+    base = {"one-rowtile": configs._GEMV_MMA, "two-rowtiles": configs._GEMV_MMA_TWO_ROWTILES,
+            "long-k": configs._GEMV_MMA_LONG_K}  # fmt: skip
+    variants: dict[int, dict[str, GemvConfig]] = {}
+    for m in (1, 8, 16):
+        cfgs = {name: replace(cfg, mma_tiles=min(cfg.mma_tiles, configs.MMA_WIDE_TILES)) if m > configs.MMA_MAX_M
+                else cfg for name, cfg in base.items()}  # fmt: skip
+        if m > configs.MMA_MAX_M:
+            cfgs["one-rowtile/u2"] = configs._GEMV_MMA
+        variants[m] = {f"{name}/{layout}": replace(cfg, mma_word_pairs=layout == "pairs")
+                       for name, cfg in cfgs.items() for layout in ("words", "pairs")}  # fmt: skip
+    section_gemv(deadline, variants, dispatched=True)
+    section_pairs_dispatch(deadline)
+
+
+def section_pairs_dispatch(deadline: float) -> None:
+    """The dispatch at 9-16 rows as shipped against one without the word-pair layout (section_pairs' second half)."""
+    say("\n== the dispatch at 9-16 rows, graph_us us (median of 3 alternating rounds): shipped; words (the mma GEMV in "
+        "its 1-8-row layout, on small weights only: MMA_WORD_PAIRS_FROM 17, MMA_WIDE_MAX_N 0) ==")
+    fmt = get_format("int4")
+    rules = {"shipped": (configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N), "words": (17, 0)}
+    ratios: dict[tuple[int, str], list[float]] = {}
+    for model, layers in bk.DENSE.items():
+        for layer, n, k in layers:
+            if time.time() > deadline:
+                return
+            packed, w, wdq, wbf = layer_case(fmt, n, k)
+            for m in (9, 16):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                ref, bound = reference(x, wdq)
+                t: dict[str, list[float]] = {r: [] for r in rules}
+                try:
+                    for _ in range(3):
+                        for r, (start, max_n) in rules.items():
+                            configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = start, max_n
+                            assert ((kernels.int4_linear(x, packed).float() - ref).abs() <= bound).all(), r
+                            t[r].append(graph_us(kernels.int4_linear, x, packed))
+                finally:
+                    configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = rules["shipped"]
+                med = {r: sorted(v)[1] for r, v in t.items()}
+                b16 = graph_us(F.linear, x, wbf)
+                for r in rules:
+                    ratios.setdefault((m, r), []).append(b16 / med[r])
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} | bf16 {b16:6.1f} | " + " ".join(
+                    f"{r} {v:6.2f}" for r, v in med.items()))
+            del wdq, wbf
+            torch.cuda.empty_cache()
+    say("geomean x bf16: " + ", ".join(f"M={m} {r} {gm(v):.3f}" for (m, r), v in ratios.items()))
+
+
+def section_wide(deadline: float) -> None:
+    """The config that serves 9-16 rows (one row tile a warp, word pairs) with one or two K tiles a step, the weight
+    loads' L2 prefetch hint (0, 128, 256 bytes) and 16, 24 or 32 warps per SM, against the dispatch in the same run.
+    The twenty-seventh session measured two K tiles a step at 9-16 rows before the word-pair layout existed."""
+    base = replace(configs._GEMV_MMA, mma_word_pairs=True)
+    variants = {f"u{u}/l2{pf}/p{pps}": replace(base, mma_tiles=u, l2_prefetch=pf, programs_per_sm=pps)
+                for u, pf, pps in ((1, 128, 24), (2, 128, 24), (1, 0, 24), (2, 0, 24), (1, 256, 24), (2, 256, 24),
+                                   (1, 128, 16), (1, 128, 32), (2, 128, 16))}  # fmt: skip
+    section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
+    p.add_argument("--sections", default="shapes")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/mma_sweep.py needs a CUDA GPU")
+    deadline = time.time() + args.budget
+    say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
+    sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
+                "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide}
+    start = time.time()
+    for name in args.sections.split(","):
+        sections[name](deadline)
+        say(f"({name} done at {time.time() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
