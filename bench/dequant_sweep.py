@@ -10,10 +10,8 @@ bench/gemv_sweep.py, whose other sections are the decode kernels'.)
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
-import sys
 import time
 
 import torch
@@ -143,19 +141,8 @@ def section_train(deadline: float) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
-    p.add_argument("--sections", default="dequant,train")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench/dequant_sweep.py needs a CUDA GPU")
-    deadline = time.time() + args.budget
-    say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"dequant": section_dequant, "train": section_train}
-    start = time.time()
-    for name in args.sections.split(","):
-        sections[name](deadline)
-        say(f"({name} done at {time.time() - start:.0f} s)")
+    bk.run_sweep(__doc__, "dequant_sweep.py", say, sections, "dequant,train")
 
 
 if __name__ == "__main__":

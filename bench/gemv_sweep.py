@@ -14,16 +14,13 @@ and with one row 16 times (stride 0), and M = 1. regs: the mma GEMV with and wit
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
-import sys
 import time
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-import triton
 from orbit_lightning.kernels import configs, gemm, gemv, gemv_mma
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
@@ -458,20 +455,9 @@ def section_regs(deadline: float) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
-    p.add_argument("--sections", default="gemv")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench/gemv_sweep.py needs a CUDA GPU")
-    deadline = time.time() + args.budget
-    say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"gemv": section_gemv, "tma": section_tma, "final": section_final, "lora": section_lora,
                 "m16x": section_m16x, "floor": section_floor, "epilogue": section_epilogue, "regs": section_regs}
-    start = time.time()
-    for name in args.sections.split(","):
-        sections[name](deadline)
-        say(f"({name} done at {time.time() - start:.0f} s)")
+    bk.run_sweep(__doc__, "gemv_sweep.py", say, sections, "gemv")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,22 @@ class Log:
             self.file.flush()
 
 
+def run_sweep(doc: str, script: str, say: Log, sections: dict, default: str) -> None:
+    """A sweep script's command line: --budget (no section starts after it) and --sections (comma list of
+    `sections`' names, each called with the deadline), logged through `say`."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
+    p.add_argument("--sections", default=default, help="comma list of " + ",".join(sections))
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit(f"bench/{script} needs a CUDA GPU")
+    deadline, start = time.time() + args.budget, time.time()
+    say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
+    for name in args.sections.split(","):
+        sections[name](deadline)
+        say(f"({name} done at {time.time() - start:.0f} s)")
+
+
 class Report:
     """Prints rows as they are measured and keeps them for the JSON dump."""
 

@@ -14,16 +14,13 @@ it cite them there. Its pairsgrid section, the layout at 1-8 rows on small grids
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
-import sys
 import time
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-import triton
 from orbit_lightning.kernels import configs
 from orbit_lightning.kernels.configs import GemvConfig
 
@@ -158,20 +155,9 @@ def section_wide(deadline: float) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
-    p.add_argument("--sections", default="shapes")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench/mma_sweep.py needs a CUDA GPU")
-    deadline = time.time() + args.budget
-    say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
     sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
                 "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide}
-    start = time.time()
-    for name in args.sections.split(","):
-        sections[name](deadline)
-        say(f"({name} done at {time.time() - start:.0f} s)")
+    bk.run_sweep(__doc__, "mma_sweep.py", say, sections, "shapes")
 
 
 if __name__ == "__main__":
