@@ -1,15 +1,16 @@
 """Sweeps of the mma GEMV (kernels/gemv_mma.py), the decode kernel at 1-16 rows, on the GPU machine.
 
-    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide]
+    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,adjacent]
 
 Each section times variants with bench/gemv_sweep.py's section_gemv (CUDA-graph cold-L2 times, each output checked
 against an fp32 reference, geomean x bf16 F.linear over the dense shapes of bench/kernels.py). mma: the kernel's
 variants at M = 1 against the tile and TMA configs. m16mt: 9 and 16 rows with 1 or 2 row tiles per warp; shapes: the
 shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
-A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint and
-warps per SM. (These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before
-it cite them there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
+A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint,
+warps per SM and the adjacent-nibble decode. adjacent: the dispatched configs with and without that decode.
+(These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before it cite them
+there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
 """
 
 from __future__ import annotations
@@ -145,18 +146,56 @@ def section_pairs_dispatch(deadline: float) -> None:
 
 def section_wide(deadline: float) -> None:
     """The config that serves 9-16 rows (one row tile a warp, word pairs) with one or two K tiles a step, the weight
-    loads' L2 prefetch hint (0, 128, 256 bytes) and 16, 24 or 32 warps per SM, against the dispatch in the same run.
-    The twenty-seventh session measured two K tiles a step at 9-16 rows before the word-pair layout existed."""
+    loads' L2 prefetch hint (0, 128, 256 bytes), 16, 24 or 32 warps per SM and the adjacent-nibble decode, against the
+    dispatch in the same run. The twenty-seventh session measured two K tiles a step at 9-16 rows before the word-pair
+    layout existed."""
     base = replace(configs._GEMV_MMA, mma_word_pairs=True)
-    variants = {f"u{u}/l2{pf}/p{pps}": replace(base, mma_tiles=u, l2_prefetch=pf, programs_per_sm=pps)
-                for u, pf, pps in ((1, 128, 24), (2, 128, 24), (1, 0, 24), (2, 0, 24), (1, 256, 24), (2, 256, 24),
-                                   (1, 128, 16), (1, 128, 32), (2, 128, 16))}  # fmt: skip
+    variants = {f"u{u}/l2{pf}/p{pps}" + "/adj" * adj: replace(base, mma_tiles=u, l2_prefetch=pf, programs_per_sm=pps,
+                                                               mma_adjacent=adj)
+                for u, pf, pps, adj in ((1, 128, 24, False), (2, 128, 24, False), (1, 128, 24, True),
+                                        (2, 128, 24, True), (1, 0, 24, True), (1, 256, 24, True), (1, 128, 16, True),
+                                        (1, 128, 32, True), (2, 128, 16, True))}  # fmt: skip
     section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
+
+
+def section_adjacent(deadline: float) -> None:
+    """The dispatched mma config at 1, 8, 9 and 16 rows against the same with the adjacent-nibble decode
+    (GemvConfig.mma_adjacent: 2 instructions more a word decoded, 4 fewer a word of activations per n8 tile), three
+    alternating rounds in one process, median graph_us, each output checked."""
+    say("\n== the dispatched mma config / the same with the adjacent-nibble decode, graph_us us (median of 3) ==")
+    fmt = get_format("int4")
+    ratios: dict[int, list[float]] = {}
+    for model, layers in bk.DENSE.items():
+        for layer, n, k in layers:
+            if time.time() > deadline:
+                return
+            packed, w, wdq, wbf = layer_case(fmt, n, k)
+            for m in (1, 8, 9, 16):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
+                if cfg is None or not cfg.mma:
+                    continue
+                ref, bound = reference(x, wdq)
+                pair = {"shipped": cfg, "adjacent": replace(cfg, mma_adjacent=True)}
+                t: dict[str, list[float]] = {name: [] for name in pair}
+                for _ in range(3):
+                    for name, c in pair.items():
+                        assert ((gs.run_gemv(x, w, c).float() - ref).abs() <= bound).all(), name
+                        t[name].append(graph_us(gs.run_gemv, x, w, c))
+                a, b = sorted(t["shipped"])[1], sorted(t["adjacent"])[1]
+                ratios.setdefault(m, []).append(a / b)
+                b16 = graph_us(F.linear, x, wbf)
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} bn{cfg.block_n} | bf16 {b16:6.1f} | shipped {a:6.2f} "
+                    f"adjacent {b:6.2f} ({a / b:.3f}x)")  # fmt: skip
+            del wdq, wbf
+            torch.cuda.empty_cache()
+    say("geomean shipped / adjacent time: " + ", ".join(f"M={m} {gm(v):.3f} ({len(v)})" for m, v in ratios.items()))
 
 
 def main() -> None:
     sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
-                "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide}
+                "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide,
+                "adjacent": section_adjacent}
     bk.run_sweep(__doc__, "mma_sweep.py", say, sections, "shapes")
 
 

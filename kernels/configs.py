@@ -125,6 +125,9 @@ class GemvConfig:
     # lane t of a quad takes words 2t, 2t + 1, 2t + 8, 2t + 9 of a row's K tile instead of 4t..4t+3: half the L1
     # wavefronts for the activations, twice for the weights (gemv_mma._load_w_asm)
     mma_word_pairs: bool = False
+    # the decode leaves adjacent nibbles (2j, 2j + 1) in a register, which pair with the activations as loaded, instead
+    # of nibbles j and j + 4, whose activations take byte permutes (gemv_mma.tile_asm)
+    mma_adjacent: bool = False
 
     @property
     def launch_options(self) -> dict:

@@ -55,25 +55,34 @@ _TILE_K = tl.constexpr(TILE_K)
 _EMULATE = tl.constexpr(INTERPRETED)
 
 
-def _decode(word: str, out: str) -> str:
-    """PTX: the four bf16x2 registers out0..out3 of int4 word `word` (out_j = nibbles j and j + 4, minus 8, times
-    the scale pair `s2`), dequant.py's _INT4_BF16_ASM instruction for instruction."""
+def _decode(word: str, out: str, adjacent: bool) -> str:
+    """PTX: the four bf16x2 registers out0..out3 of int4 word `word` (out_j = nibbles j and j + 4, or with `adjacent`
+    nibbles 2j and 2j + 1, minus 8, times the scale pair `s2`), dequant.py's _INT4_BF16_ASM instruction for instruction
+    (`adjacent`: wgmma_int4._PAIR_ASM's, byte j of the word and of the word >> 4 moved to the two halves first)."""
     text = []
     for j in range(4):
-        src = word if j == 0 else "w"
-        if j:
+        if adjacent:
+            if j == 0:
+                text.append(f"shr.u32 w, {word}, 4;")
+            text.append(f"prmt.b32 {out}{j}, {word}, w, {hex(j | (j + 4) << 8)};")
+        elif j:
             text.append(f"shr.u32 w, {word}, {4 * j};")
+        src = f"{out}{j}" if adjacent else word if j == 0 else "w"
         text.append(f"lop3.b32 {out}{j}, {src}, 0x000F000F, 0x43004300, 0xEA;")
     text += [f"fma.rn.bf16x2 {out}{j}, {out}{j}, one, off;" for j in range(4)]
     text += [f"fma.rn.bf16x2 {out}{j}, {out}{j}, {{s2}}, nz;" for j in range(4)]
     return "\n".join(text)
 
 
-def _tile_asm(nt: int, pairs: bool) -> str:
-    """One row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
+@functools.cache
+def tile_asm(nt: int, pairs: bool, adjacent: bool) -> str:
+    """PTX: one row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
     activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their scales: bf16 g, g + 8,
     or with `pairs` bf16x2 (the scale twice) of g's first and second pair of words, then g + 8's; per n8 tile, x as
-    16 bf16x2, 4 per word in the words' K order; c (4 nt f32)."""
+    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). The decode leaves register j of a word holding nibbles
+    j and j + 4, whose activations 4 byte permutes a word pair up; with `adjacent` it holds nibbles 2j and 2j + 1,
+    which pair with the activations as loaded (2 instructions more a word decoded, 4 fewer a word of activations per
+    n8 tile: even at 1-8 rows, 16 fewer a K tile at 9-16)."""
     words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + (12 if pairs else 10)
     cs = xs + 16 * nt
     lines = ["{", ".reg .b32 w, one, off, nz, slo, shi, a<4>, b<4>, x<4>;",
@@ -83,29 +92,23 @@ def _tile_asm(nt: int, pairs: bool) -> str:
     lines += [f"mov.f32 ${i}, ${cs + i};" for i in range(4 * nt)]
     for w in range(4):
         lo, hi = (f"${scales + w // 2}", f"${scales + 2 + w // 2}") if pairs else ("slo", "shi")
-        lines.append(_decode(f"${words + w}", "a").replace("{s2}", lo))
-        lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", hi))
+        lines.append(_decode(f"${words + w}", "a", adjacent).replace("{s2}", lo))
+        lines.append(_decode(f"${words + 4 + w}", "b", adjacent).replace("{s2}", hi))
         for j in range(nt):
             d = f"{{${4 * j}, ${4 * j + 1}, ${4 * j + 2}, ${4 * j + 3}}}"
             mma = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}"
             r0, r1, r2, r3 = (f"${xs + 16 * j + 4 * w + i}" for i in range(4))  # x[8w .. 8w+7] as pairs
-            lines += [
-                f"prmt.b32 x0, {r0}, {r2}, 0x5410;",
-                f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
-                f"prmt.b32 x2, {r1}, {r3}, 0x5410;",
-                f"prmt.b32 x3, {r1}, {r3}, 0x7632;",
-            ]  # (x_j, x_j+4)
+            if adjacent:
+                x0, x1, x2, x3 = r0, r1, r2, r3  # (x_2j, x_2j+1)
+            else:
+                x0, x1, x2, x3 = "x0", "x1", "x2", "x3"  # (x_j, x_j+4)
+                lines += [f"prmt.b32 x0, {r0}, {r2}, 0x5410;", f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
+                          f"prmt.b32 x2, {r1}, {r3}, 0x5410;", f"prmt.b32 x3, {r1}, {r3}, 0x7632;"]  # fmt: skip
             # a0/a2: row g at k (2t, 2t+1) / (2t+8, 2t+9), a1/a3 the same for row g + 8; b0/b1 x at those k.
-            lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{x0, x1}}, {d};")
-            lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{x2, x3}}, {d};")
+            lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{{x0}, {x1}}}, {d};")
+            lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{{x2}, {x3}}}, {d};")
     lines.append("}")
     return "\n".join(lines)
-
-
-_TILE_N1 = tl.constexpr(_tile_asm(1, False))
-_TILE_N2 = tl.constexpr(_tile_asm(2, False))
-_TILE_N1_PAIRS = tl.constexpr(_tile_asm(1, True))
-_TILE_N2_PAIRS = tl.constexpr(_tile_asm(2, True))
 
 
 # No load is predicated: the main loop's last step is peeled (it loads nothing ahead), and activation rows past M
@@ -233,19 +236,17 @@ def _load_xs(x_lane, U: tl.constexpr, NT: tl.constexpr, PAIRS: tl.constexpr):
 
 
 @triton.jit
-def _tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr):
-    """acc (4 NT f32 registers) + one row tile x one K tile (see _tile_asm); w: _load_w_rows' 10 registers (12 with
-    PAIRS), x: NT of _load_x's 16."""
+def _tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr):
+    """acc (4 NT f32 registers) + one row tile x one K tile (TILE: tile_asm's text); w: _load_w_rows' 10 registers
+    (12 with PAIRS), x: NT of _load_x's 16."""
     if _EMULATE:
         return emulate.tile(w, x, acc, NT, PAIRS)
     S: tl.constexpr = "r,r,r,r," if PAIRS else "h,h,"
     if NT == 1:
-        asm: tl.constexpr = _TILE_N1_PAIRS if PAIRS else _TILE_N1
-        return tl.inline_asm_elementwise(asm, "=f," * 4 + "r," * 8 + S + "r," * 16 + "f,f,f,f", w + x[0] + acc,
+        return tl.inline_asm_elementwise(TILE, "=f," * 4 + "r," * 8 + S + "r," * 16 + "f,f,f,f", w + x[0] + acc,
                                          dtype=(tl.float32,) * 4, is_pure=True, pack=1)  # fmt: skip
     else:
-        asm: tl.constexpr = _TILE_N2_PAIRS if PAIRS else _TILE_N2
-        return tl.inline_asm_elementwise(asm, "=f," * 8 + "r," * 8 + S + "r," * 32 + "f," * 7 + "f",
+        return tl.inline_asm_elementwise(TILE, "=f," * 8 + "r," * 8 + S + "r," * 32 + "f," * 7 + "f",
                                          w + x[0] + x[1] + acc, dtype=(tl.float32,) * 8, is_pure=True, pack=1)
 
 
@@ -297,7 +298,7 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
+                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
     tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
@@ -313,14 +314,15 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
         w_lane = _advance(w_lane, U * _W_BYTES)
         s_lane = _advance(s_lane, U * (_TILE_K // GROUP) * 2)
         x_lane = _advance(x_lane, U * _X_BYTES)
-        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS)
+        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
         nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
         x_nxt = _load_xs(x_lane, U, NT, PAIRS)
-    return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS)
+    return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
 
 
 @triton.jit
-def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, PAIRS: tl.constexpr):
+def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, PAIRS: tl.constexpr,
+             TILE: tl.constexpr):
     """One step's products: acc[m] += row tile m of each of the U K tiles (w: _load_weights') x the activations xv
     (_load_xs')."""
     new = ()
@@ -328,9 +330,9 @@ def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, PA
         a = acc[m]
         for u in tl.static_range(U):
             if NT == 1:
-                a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS)
+                a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS, TILE)
             else:
-                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS)
+                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS, TILE)
         new = new + (a,)
     return new
 
@@ -380,7 +382,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
                      STAMPS: tl.constexpr, DIRECT: tl.constexpr, PAIRS: tl.constexpr, STRIDE_W: tl.constexpr,
-                     STRIDE_S: tl.constexpr):  # fmt: skip
+                     STRIDE_S: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -403,7 +405,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, PAIRS)
+                           NW, PAIRS, TILE)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -476,6 +478,8 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     """_gemv_mma_kernel's compile-time arguments for `cfg` at m rows, nw warps a program and weights of scale groups
     `group` with row strides stride_w (words) and stride_s (scales), less the epilogue's LORA / BR / STAMPS
     (gemv_out.launch_args'): the one list the launch, bench/mma_sass.py and the sm_90 compile test share."""
-    return dict(GROUP=group, MT=cfg.block_n // 16, NT=1 if m <= 8 else 2, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
+    nt = 1 if m <= 8 else 2
+    return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
-                STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group))  # fmt: skip
+                STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
+                TILE=tile_asm(nt, cfg.mma_word_pairs, cfg.mma_adjacent))  # fmt: skip

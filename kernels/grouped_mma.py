@@ -30,6 +30,7 @@ from .gemv_mma import (
     lane_addresses,
     load_w_asm,
     mma_mainloop,
+    tile_asm,
     warps_for,
 )
 from .grouped import _find_tile
@@ -47,7 +48,8 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
                         u_ptr, b_ptr, b2_ptr, stride_ut, stride_be, stride_bn, scale,
                         GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
                         NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr,
-                        LORA: tl.constexpr, R: tl.constexpr, R_POW2: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
+                        LORA: tl.constexpr, R: tl.constexpr, R_POW2: tl.constexpr, PAIRS: tl.constexpr,
+                        TILE: tl.constexpr):  # fmt: skip
     """out = x W^T per expert; SWIGLU: out = silu(x W^T) * (x W2^T) (W2 laid out as W: the up projection), each
     program then taking 16 rows of both. LORA: plus scale B_e (A_e x) per projection, from u = A_e x (grouped_lora.py:
     [T, projections, R]) and B [E, N, R] (b2_ptr: up's)."""
@@ -72,7 +74,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         x_lane = activation_lanes(x_ptr, first + g, end, k_lo, stride_xm, 1, PAIRS)
         nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, 1, U, LOAD,
-                           NW, PAIRS)  # fmt: skip
+                           NW, PAIRS, TILE)  # fmt: skip
         launch_dependents(PDL)
         offs_m = first + tl.arange(0, _ROW_TILE)
         dt: tl.constexpr = out_ptr.dtype.element_ty
@@ -156,7 +158,8 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
         w.values.stride(0), w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw,
         u, bs[0], bs[-1], u.stride(0), bs[0].stride(0), bs[0].stride(-2), scale,
         GROUP=w.group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, NW=nw, PAIRS=cfg.mma_word_pairs,
-        LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, w.group), E_POW2=triton.next_power_of_2(w.experts),
+        LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, w.group),
+        TILE=tile_asm(1, cfg.mma_word_pairs, cfg.mma_adjacent), E_POW2=triton.next_power_of_2(w.experts),
         PDL=pdl, SWIGLU=swiglu, LORA=lora is not None, R=r, R_POW2=triton.next_power_of_2(r), launch_pdl=pdl,
         num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
     )  # fmt: skip
