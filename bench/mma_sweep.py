@@ -1,6 +1,6 @@
 """Sweeps of the mma GEMV (kernels/gemv_mma.py), the decode kernel at 1-16 rows, on the GPU machine.
 
-    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,adjacent]
+    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab]
 
 Each section times variants with bench/gemv_sweep.py's section_gemv (CUDA-graph cold-L2 times, each output checked
 against an fp32 reference, geomean x bf16 F.linear over the dense shapes of bench/kernels.py). mma: the kernel's
@@ -8,7 +8,8 @@ variants at M = 1 against the tile and TMA configs. m16mt: 9 and 16 rows with 1 
 shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
 A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint,
-warps per SM and the adjacent-nibble decode. adjacent: the dispatched configs with and without that decode.
+warps per SM and the adjacent-nibble decode. ab: the dispatch with its mma configs changed (that decode, no L2
+prefetch hint), alternating.
 (These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before it cite them
 there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
 """
@@ -158,44 +159,56 @@ def section_wide(deadline: float) -> None:
     section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
 
 
-def section_adjacent(deadline: float) -> None:
-    """The dispatched mma config at 1, 8, 9 and 16 rows against the same with the adjacent-nibble decode
-    (GemvConfig.mma_adjacent: 2 instructions more a word decoded, 4 fewer a word of activations per n8 tile), three
-    alternating rounds in one process, median graph_us, each output checked."""
-    say("\n== the dispatched mma config / the same with the adjacent-nibble decode, graph_us us (median of 3) ==")
+def section_ab(deadline: float) -> None:
+    """The dispatch at 1, 8, 9 and 16 rows against itself with the mma GEMV's configs changed: the adjacent-nibble
+    decode (GemvConfig.mma_adjacent: 2 instructions more a word decoded, 4 fewer a word of activations per n8 tile), no
+    L2 prefetch hint on the weight loads, and both; three alternating rounds in one process, median graph_us, each
+    output checked. Shapes the mma GEMV does not serve time the dispatch for every variant. Per variant and M, the
+    geomean x bf16 over the 12 shapes."""
+    variants = {"shipped": {}, "adjacent": dict(mma_adjacent=True), "l2-0": dict(l2_prefetch=0),
+                "l2-0+adjacent": dict(l2_prefetch=0, mma_adjacent=True)}
+    say("\n== the dispatch with its mma configs changed, graph_us us (median of 3 alternating rounds): " +
+        " / ".join(variants) + " ==")
     fmt = get_format("int4")
-    ratios: dict[int, list[float]] = {}
+    speedups: dict[tuple[int, str], list[float]] = {}
     for model, layers in bk.DENSE.items():
         for layer, n, k in layers:
             if time.time() > deadline:
-                return
+                break
             packed, w, wdq, wbf = layer_case(fmt, n, k)
             for m in (1, 8, 9, 16):
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
-                if cfg is None or not cfg.mma:
-                    continue
                 ref, bound = reference(x, wdq)
-                pair = {"shipped": cfg, "adjacent": replace(cfg, mma_adjacent=True)}
-                t: dict[str, list[float]] = {name: [] for name in pair}
+                t: dict[str, list[float]] = {name: [] for name in variants}
                 for _ in range(3):
-                    for name, c in pair.items():
-                        assert ((gs.run_gemv(x, w, c).float() - ref).abs() <= bound).all(), name
-                        t[name].append(graph_us(gs.run_gemv, x, w, c))
-                a, b = sorted(t["shipped"])[1], sorted(t["adjacent"])[1]
-                ratios.setdefault(m, []).append(a / b)
+                    for name, change in variants.items():
+                        if cfg is not None and cfg.mma:
+                            fn, args = gs.run_gemv, (x, w, replace(cfg, **change))
+                        else:
+                            fn, args = kernels.int4_linear, (x, packed)
+                        assert ((fn(*args).float() - ref).abs() <= bound).all(), name
+                        t[name].append(graph_us(fn, *args))
+                med = {name: sorted(v)[1] for name, v in t.items()}
                 b16 = graph_us(F.linear, x, wbf)
-                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} bn{cfg.block_n} | bf16 {b16:6.1f} | shipped {a:6.2f} "
-                    f"adjacent {b:6.2f} ({a / b:.3f}x)")  # fmt: skip
+                for name, v in med.items():
+                    speedups.setdefault((m, name), []).append(b16 / v)
+                kind = f"mma bn{cfg.block_n}" if cfg is not None and cfg.mma else "wgmma"
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} {kind:9} | bf16 {b16:6.1f} | " +
+                    " ".join(f"{v:6.2f}" for v in med.values()))
             del wdq, wbf
             torch.cuda.empty_cache()
-    say("geomean shipped / adjacent time: " + ", ".join(f"M={m} {gm(v):.3f} ({len(v)})" for m, v in ratios.items()))
+    for name in variants:
+        per_m = {m: gm(v) for (m, nm), v in speedups.items() if nm == name}
+        both = speedups.get((1, name), []) + speedups.get((16, name), [])
+        say(f"geomean x bf16 {name:14}: " + ", ".join(f"M={m} {g:.3f}" for m, g in per_m.items()) +
+            f"; M = 1 and 16 {gm(both):.3f}")
 
 
 def main() -> None:
     sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
                 "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide,
-                "adjacent": section_adjacent}
+                "ab": section_ab}
     bk.run_sweep(__doc__, "mma_sweep.py", say, sections, "shapes")
 
 
