@@ -88,7 +88,7 @@ def run_variant(variant: str) -> None:
             setattr(configs, name, replace(getattr(configs, name), **extra))
     elif variant != "ship":
         real = gemv_mma.tile_asm  # (kernel_constexprs passes its text to the kernel)
-        gemv_mma.tile_asm = lambda nt, pairs, adjacent: probe_text(real(nt, pairs, adjacent), variant)
+        gemv_mma.tile_asm = lambda nt, pairs: probe_text(real(nt, pairs), variant)
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(here, "kernels.py"))
     bk = importlib.util.module_from_spec(spec)

@@ -7,9 +7,9 @@ against an fp32 reference, geomean x bf16 F.linear over the dense shapes of benc
 variants at M = 1 against the tile and TMA configs. m16mt: 9 and 16 rows with 1 or 2 row tiles per warp; shapes: the
 shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
-A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint,
-warps per SM and the adjacent-nibble decode. ab: the dispatch with its mma configs changed (that decode, no L2
-prefetch hint), alternating.
+A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint
+and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating. (The adjacent-nibble
+decode the thirtieth session measured with wide and ab is at commit cb3ff11.)
 (These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before it cite them
 there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
 """
@@ -147,26 +147,21 @@ def section_pairs_dispatch(deadline: float) -> None:
 
 def section_wide(deadline: float) -> None:
     """The config that serves 9-16 rows (one row tile a warp, word pairs) with one or two K tiles a step, the weight
-    loads' L2 prefetch hint (0, 128, 256 bytes), 16, 24 or 32 warps per SM and the adjacent-nibble decode, against the
-    dispatch in the same run. The twenty-seventh session measured two K tiles a step at 9-16 rows before the word-pair
-    layout existed."""
+    loads' L2 prefetch hint (0, 128, 256 bytes) and 16, 24 or 32 warps per SM, against the dispatch in the same run.
+    The twenty-seventh session measured two K tiles a step at 9-16 rows before the word-pair layout existed."""
     base = replace(configs._GEMV_MMA, mma_word_pairs=True)
-    variants = {f"u{u}/l2{pf}/p{pps}" + "/adj" * adj: replace(base, mma_tiles=u, l2_prefetch=pf, programs_per_sm=pps,
-                                                               mma_adjacent=adj)
-                for u, pf, pps, adj in ((1, 128, 24, False), (2, 128, 24, False), (1, 128, 24, True),
-                                        (2, 128, 24, True), (1, 0, 24, True), (1, 256, 24, True), (1, 128, 16, True),
-                                        (1, 128, 32, True), (2, 128, 16, True))}  # fmt: skip
+    variants = {f"u{u}/l2{pf}/p{pps}": replace(base, mma_tiles=u, l2_prefetch=pf, programs_per_sm=pps)
+                for u, pf, pps in ((1, 0, 24), (2, 0, 24), (1, 128, 24), (2, 128, 24), (1, 256, 24), (1, 0, 16),
+                                   (1, 0, 32), (2, 0, 16))}  # fmt: skip
     section_gemv(deadline, {m: variants for m in (9, 16)}, dispatched=True)
 
 
 def section_ab(deadline: float) -> None:
-    """The dispatch at 1, 8, 9 and 16 rows against itself with the mma GEMV's configs changed: the adjacent-nibble
-    decode (GemvConfig.mma_adjacent: 2 instructions more a word decoded, 4 fewer a word of activations per n8 tile), no
-    L2 prefetch hint on the weight loads, and both; three alternating rounds in one process, median graph_us, each
-    output checked. Shapes the mma GEMV does not serve time the dispatch for every variant. Per variant and M, the
-    geomean x bf16 over the 12 shapes."""
-    variants = {"shipped": {}, "adjacent": dict(mma_adjacent=True), "l2-0": dict(l2_prefetch=0),
-                "l2-0+adjacent": dict(l2_prefetch=0, mma_adjacent=True)}
+    """The dispatch at 1, 8, 9 and 16 rows against itself with the mma GEMV's configs' L2 prefetch hint on the weight
+    loads set to 0 and to 128 bytes; three alternating rounds in one process, median graph_us, each output checked.
+    Shapes the mma GEMV does not serve time the dispatch for every variant. Per variant and M, the geomean x bf16
+    over the 12 shapes."""
+    variants = {"shipped": {}, "l2-0": dict(l2_prefetch=0), "l2-128": dict(l2_prefetch=128)}
     say("\n== the dispatch with its mma configs changed, graph_us us (median of 3 alternating rounds): " +
         " / ".join(variants) + " ==")
     fmt = get_format("int4")

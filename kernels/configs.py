@@ -125,9 +125,6 @@ class GemvConfig:
     # lane t of a quad takes words 2t, 2t + 1, 2t + 8, 2t + 9 of a row's K tile instead of 4t..4t+3: half the L1
     # wavefronts for the activations, twice for the weights (gemv_mma._load_w_asm)
     mma_word_pairs: bool = False
-    # the decode leaves adjacent nibbles (2j, 2j + 1) in a register, which pair with the activations as loaded, instead
-    # of nibbles j and j + 4, whose activations take byte permutes (gemv_mma.tile_asm)
-    mma_adjacent: bool = False
 
     @property
     def launch_options(self) -> dict:
@@ -196,6 +193,11 @@ MMA_WIDE_TILES = 1
 # than 16384 rows (Qwen3-8B qkv 13.3 -> 10.2 us, DeepSeek-V3 o 34.9 -> 31.8). One row tile a warp leads there
 # (Qwen3-30B-A3B qkv 6.4 us against 7.3 with two). At 1-8 rows the layout's extra registers (94 against 80) cost a
 # program per SM on the larger grids, and it tied overall: those rows keep the shipped layout.
+# At 9-16 rows the weight loads go without the L2 prefetch hint (thirtieth session, bench/mma_sweep.py --sections ab,
+# an H100, three alternating rounds; bench/RESULTS.md): geomean x bf16 at M = 9 2.095 -> 2.210, M = 16 2.082 -> 2.158
+# (Qwen3-8B qkv at 9 rows 11.0 -> 9.4 us, Qwen3-235B-A22B qkv 17.1 -> 15.0); at 1-8 rows the hint held (M = 1 2.592
+# with it, 2.570 without). In the word-pair layout a quad asks for 32 bytes a row per load, two loads a K tile.
+MMA_WIDE_L2_PREFETCH = 0
 MMA_WORD_PAIRS_FROM = 9  # rows from which the mma GEMV takes the word-pair layout (17: never)
 MMA_WIDE_MAX_N = 16384  # at 9-16 rows the mma GEMV serves weights of fewer rows than this, whatever their size
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
@@ -220,15 +222,18 @@ def _mma_config(m: int, w: PackedWeight) -> GemvConfig:
 
 
 def _at_rows(cfg: GemvConfig, m: int) -> GemvConfig:
-    """An mma config as it serves m rows: at most MMA_WIDE_TILES K tiles a step past MMA_MAX_M rows, and the
-    word-pair layout from MMA_WORD_PAIRS_FROM rows. (At 1-8 rows the layout on grids of at most two programs per SM,
-    where its registers cost no program, lost on as many shapes as it won: bench/RESULTS.md, thirtieth session.)"""
-    return _variant(cfg, MMA_WIDE_TILES if m > MMA_MAX_M else cfg.mma_tiles, m >= MMA_WORD_PAIRS_FROM)
+    """An mma config as it serves m rows: past MMA_MAX_M rows at most MMA_WIDE_TILES K tiles a step and the L2
+    prefetch hint MMA_WIDE_L2_PREFETCH, and the word-pair layout from MMA_WORD_PAIRS_FROM rows. (At 1-8 rows the layout
+    on grids of at most two programs per SM, where its registers cost no program, lost on as many shapes as it won:
+    bench/RESULTS.md, twenty-ninth session, item 8.)"""
+    wide = m > MMA_MAX_M
+    return _variant(cfg, MMA_WIDE_TILES if wide else cfg.mma_tiles, m >= MMA_WORD_PAIRS_FROM,
+                    MMA_WIDE_L2_PREFETCH if wide else cfg.l2_prefetch)
 
 
 @functools.cache  # (on the decode dispatch: built once, not per launch)
-def _variant(cfg: GemvConfig, tiles: int, pairs: bool) -> GemvConfig:
-    return replace(cfg, mma_tiles=min(cfg.mma_tiles, tiles), mma_word_pairs=pairs)
+def _variant(cfg: GemvConfig, tiles: int, pairs: bool, l2_prefetch: int) -> GemvConfig:
+    return replace(cfg, mma_tiles=min(cfg.mma_tiles, tiles), mma_word_pairs=pairs, l2_prefetch=l2_prefetch)
 
 
 def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: bool,

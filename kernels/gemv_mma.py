@@ -55,19 +55,16 @@ _TILE_K = tl.constexpr(TILE_K)
 _EMULATE = tl.constexpr(INTERPRETED)
 
 
-def _decode(word: str, out: str, adjacent: bool) -> str:
-    """PTX: the four bf16x2 registers out0..out3 of int4 word `word` (out_j = nibbles j and j + 4, or with `adjacent`
-    nibbles 2j and 2j + 1, minus 8, times the scale pair `s2`), dequant.py's _INT4_BF16_ASM instruction for instruction
-    (`adjacent`: wgmma_int4._PAIR_ASM's, byte j of the word and of the word >> 4 moved to the two halves first)."""
+def _decode(word: str, out: str) -> str:
+    """PTX: the four bf16x2 registers out0..out3 of int4 word `word` (out_j = nibbles j and j + 4, minus 8, times
+    the scale pair `s2`), dequant.py's _INT4_BF16_ASM instruction for instruction. (Nibbles 2j and 2j + 1 instead,
+    wgmma_int4._PAIR_ASM's way, would spare the activations' byte permutes for 2 more instructions a word: measured a
+    tie at 1-16 rows, bench/RESULTS.md, thirtieth session.)"""
     text = []
     for j in range(4):
-        if adjacent:
-            if j == 0:
-                text.append(f"shr.u32 w, {word}, 4;")
-            text.append(f"prmt.b32 {out}{j}, {word}, w, {hex(j | (j + 4) << 8)};")
-        elif j:
+        src = word if j == 0 else "w"
+        if j:
             text.append(f"shr.u32 w, {word}, {4 * j};")
-        src = f"{out}{j}" if adjacent else word if j == 0 else "w"
         text.append(f"lop3.b32 {out}{j}, {src}, 0x000F000F, 0x43004300, 0xEA;")
     text += [f"fma.rn.bf16x2 {out}{j}, {out}{j}, one, off;" for j in range(4)]
     text += [f"fma.rn.bf16x2 {out}{j}, {out}{j}, {{s2}}, nz;" for j in range(4)]
@@ -75,14 +72,11 @@ def _decode(word: str, out: str, adjacent: bool) -> str:
 
 
 @functools.cache
-def tile_asm(nt: int, pairs: bool, adjacent: bool) -> str:
+def tile_asm(nt: int, pairs: bool) -> str:
     """PTX: one row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
     activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their scales: bf16 g, g + 8,
     or with `pairs` bf16x2 (the scale twice) of g's first and second pair of words, then g + 8's; per n8 tile, x as
-    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). The decode leaves register j of a word holding nibbles
-    j and j + 4, whose activations 4 byte permutes a word pair up; with `adjacent` it holds nibbles 2j and 2j + 1,
-    which pair with the activations as loaded (2 instructions more a word decoded, 4 fewer a word of activations per
-    n8 tile: even at 1-8 rows, 16 fewer a K tile at 9-16)."""
+    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). The kernels take it as their TILE constexpr."""
     words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + (12 if pairs else 10)
     cs = xs + 16 * nt
     lines = ["{", ".reg .b32 w, one, off, nz, slo, shi, a<4>, b<4>, x<4>;",
@@ -92,21 +86,21 @@ def tile_asm(nt: int, pairs: bool, adjacent: bool) -> str:
     lines += [f"mov.f32 ${i}, ${cs + i};" for i in range(4 * nt)]
     for w in range(4):
         lo, hi = (f"${scales + w // 2}", f"${scales + 2 + w // 2}") if pairs else ("slo", "shi")
-        lines.append(_decode(f"${words + w}", "a", adjacent).replace("{s2}", lo))
-        lines.append(_decode(f"${words + 4 + w}", "b", adjacent).replace("{s2}", hi))
+        lines.append(_decode(f"${words + w}", "a").replace("{s2}", lo))
+        lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", hi))
         for j in range(nt):
             d = f"{{${4 * j}, ${4 * j + 1}, ${4 * j + 2}, ${4 * j + 3}}}"
             mma = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}"
             r0, r1, r2, r3 = (f"${xs + 16 * j + 4 * w + i}" for i in range(4))  # x[8w .. 8w+7] as pairs
-            if adjacent:
-                x0, x1, x2, x3 = r0, r1, r2, r3  # (x_2j, x_2j+1)
-            else:
-                x0, x1, x2, x3 = "x0", "x1", "x2", "x3"  # (x_j, x_j+4)
-                lines += [f"prmt.b32 x0, {r0}, {r2}, 0x5410;", f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
-                          f"prmt.b32 x2, {r1}, {r3}, 0x5410;", f"prmt.b32 x3, {r1}, {r3}, 0x7632;"]  # fmt: skip
+            lines += [
+                f"prmt.b32 x0, {r0}, {r2}, 0x5410;",
+                f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
+                f"prmt.b32 x2, {r1}, {r3}, 0x5410;",
+                f"prmt.b32 x3, {r1}, {r3}, 0x7632;",
+            ]  # (x_j, x_j+4)
             # a0/a2: row g at k (2t, 2t+1) / (2t+8, 2t+9), a1/a3 the same for row g + 8; b0/b1 x at those k.
-            lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{{x0}, {x1}}}, {d};")
-            lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{{x2}, {x3}}}, {d};")
+            lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{x0, x1}}, {d};")
+            lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{x2, x3}}, {d};")
     lines.append("}")
     return "\n".join(lines)
 
@@ -482,4 +476,4 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
                 STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
-                TILE=tile_asm(nt, cfg.mma_word_pairs, cfg.mma_adjacent))  # fmt: skip
+                TILE=tile_asm(nt, cfg.mma_word_pairs))  # fmt: skip

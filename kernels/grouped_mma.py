@@ -159,7 +159,7 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
         u, bs[0], bs[-1], u.stride(0), bs[0].stride(0), bs[0].stride(-2), scale,
         GROUP=w.group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, NW=nw, PAIRS=cfg.mma_word_pairs,
         LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, w.group),
-        TILE=tile_asm(1, cfg.mma_word_pairs, cfg.mma_adjacent), E_POW2=triton.next_power_of_2(w.experts),
+        TILE=tile_asm(1, cfg.mma_word_pairs), E_POW2=triton.next_power_of_2(w.experts),
         PDL=pdl, SWIGLU=swiglu, LORA=lora is not None, R=r, R_POW2=triton.next_power_of_2(r), launch_pdl=pdl,
         num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
     )  # fmt: skip

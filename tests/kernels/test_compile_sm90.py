@@ -67,20 +67,17 @@ from orbit_lightning.kernels import gemv_mma
 from orbit_lightning.kernels.configs import GemvConfig
 
 names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
-for mt, nt, nw, lora, u, pairs, adj in ((1, 1, 8, False, 2, False, False), (1, 1, 8, True, 2, False, False),
-                                         (2, 1, 8, False, 2, False, False), (1, 1, 4, False, 1, False, False),
-                                         (1, 2, 8, True, 1, False, False), (1, 2, 8, False, 1, True, False),
-                                         (2, 1, 8, True, 2, True, False), (1, 2, 8, False, 1, True, True)):
-    # (shipped M = 1 first; nt 2 serves 8 < M <= 16)
-    cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs, mma_adjacent=adj)
+for mt, nt, nw, lora, u, pairs in ((1, 1, 8, False, 2, False), (1, 1, 8, True, 2, False), (2, 1, 8, False, 2, False),
+                                    (1, 1, 4, False, 1, False), (1, 2, 8, True, 1, False), (1, 2, 8, False, 1, True),
+                                    (2, 1, 8, True, 2, True)):  # shipped M = 1 first; nt 2 serves 8 < M <= 16
+    cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs)
     const = dict(gemv_mma.kernel_constexprs(cfg, 1 if nt == 1 else 16, nw, 32, 18432 // 8, 18432 // 32, True),
                  LORA=lora, BR=16, STAMPS=False)  # K 18432
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
            for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    report[f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}" + ("-pairs" * pairs) + ("-adjacent" * adj)] = ptxas_report(
-        src, num_warps=nw)
+    report[f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}" + ("-pairs" * pairs)] = ptxas_report(src, num_warps=nw)
 
 import importlib
 
@@ -125,7 +122,7 @@ for mt, u, swiglu, lora in ((1, 2, False, 0), (2, 2, False, 0), (1, 1, False, 0)
                             (2, 2, False, 16), (2, 2, True, 8), (2, 2, True, 64)):  # _GROUPED_MMA's, with LoRA rank
     const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma.load_w_asm(128, False, 32), NW=4, E_POW2=128, PDL=True,
                  SWIGLU=swiglu, LORA=lora > 0, R=max(lora, 1), R_POW2=max(lora, 1), STRIDE_W=2048 // 8,
-                 STRIDE_S=2048 // 32, PAIRS=False, TILE=gemv_mma.tile_asm(1, False, False))
+                 STRIDE_S=2048 // 32, PAIRS=False, TILE=gemv_mma.tile_asm(1, False))
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
@@ -171,8 +168,7 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
                            "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1",
-                           "mma-mt1-nt2-u1-lora0-pairs", "mma-mt2-nt1-u2-lora1-pairs",
-                           "mma-mt1-nt2-u1-lora0-pairs-adjacent", "rope-norm0", "rope-norm1",
+                           "mma-mt1-nt2-u1-lora0-pairs", "mma-mt2-nt1-u2-lora1-pairs", "rope-norm0", "rope-norm1",
                            "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
                            "_combine_backward_kernel", "_sort_kernel", "_softmax_topk_kernel",
                            "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",

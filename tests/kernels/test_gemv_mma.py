@@ -81,14 +81,12 @@ def test_mma_gemv_under_the_interpreter(case):
         assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-7))
 
 
-@pytest.mark.parametrize("adjacent", [False, True])
-def test_decode_text_matches_the_int4_format(adjacent):
+def test_decode_text_matches_the_int4_format():
     """The tile's decode of one word (its PTX text, run by a small interpreter: the kernel runs only on a GPU) leaves
-    in register j the int4 format's own dequantized values j and j + 4 of the word, or with `adjacent` 2j and 2j + 1,
-    bit for bit, for every nibble value and a range of scales: the pairs its mmas multiply by activations paired the
-    same way (tile_asm)."""
+    in register j the int4 format's own dequantized values j and j + 4 of the word, bit for bit, for every nibble
+    value and a range of scales: the pairs its mmas multiply by activations permuted the same way (tile_asm)."""
     consts = "mov.b32 one, 0x3F803F80;\nmov.b32 off, 0xC308C308;\nmov.b32 nz, 0x80008000;\n"
-    text = consts + _decode("$0", "a", adjacent).replace("{s2}", "$1")
+    text = consts + _decode("$0", "a").replace("{s2}", "$1")
     gen = torch.Generator().manual_seed(0)
     words = torch.randint(-(2**31), 2**31, (24,), generator=gen, dtype=torch.int64).to(torch.int32)
     words[:2] = torch.tensor([0x76543210, -0x789ABCDF - 1], dtype=torch.int32)  # every nibble value once
@@ -98,8 +96,7 @@ def test_decode_text_matches_the_int4_format(adjacent):
         bits = scale.view(torch.int16).item() & 0xFFFF
         regs = run_ptx(text, {"$0": word.item() & 0xFFFFFFFF, "$1": bits | bits << 16})
         for j in range(4):
-            lo, hi = (2 * j, 2 * j + 1) if adjacent else (j, j + 4)
-            assert regs[f"a{j}"] == want[lo].item() | want[hi].item() << 16, (hex(word.item()), j)
+            assert regs[f"a{j}"] == want[j].item() | want[j + 4].item() << 16, (hex(word.item()), j)
 
 
 def _tickets(n: int) -> torch.Tensor:
@@ -124,11 +121,7 @@ CASES = {  # name: (format, N, K, config)
     "pairs-g128-two-rowtiles": ("int4-g128", 2048, 1024, replace(_MMA, block_n=32, mma_word_pairs=True)),
     "pairs-one-tile-steps": ("int4", 1024, 1536, replace(configs._GEMV_MMA_ONE_TILE, mma_word_pairs=True)),
     "pairs-g64": ("int4-g64", 1024, 2048, replace(_MMA, mma_word_pairs=True)),
-    # the decode leaves nibbles 2j and 2j + 1 in register j, which pair with the activations as loaded
-    "adjacent-pairs-shipped": ("int4", 6144, 4096, replace(_MMA, mma_word_pairs=True, mma_adjacent=True)),
-    "adjacent-g128-two-rowtiles": ("int4-g128", 2048, 1024, replace(_MMA, block_n=32, mma_adjacent=True)),
-    "adjacent-pairs-g64-one-tile": ("int4-g64", 1024, 2048, replace(configs._GEMV_MMA_ONE_TILE, mma_word_pairs=True,
-                                                                     mma_adjacent=True)),
+    "pairs-9-16-rows": ("int4", 4096, 4096, configs._at_rows(_MMA, 16)),  # one K tile a step, no L2 prefetch hint
 }
 
 
