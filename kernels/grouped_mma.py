@@ -157,10 +157,19 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
         x, w.values, w.scale, up.values, up.scale, out, expert_offsets, w.n, w.experts, x.stride(0), out.stride(0),
         w.values.stride(0), w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw,
         u, bs[0], bs[-1], u.stride(0), bs[0].stride(0), bs[0].stride(-2), scale,
-        GROUP=w.group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, NW=nw, PAIRS=cfg.mma_word_pairs,
-        LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, w.group),
-        TILE=tile_asm(1, cfg.mma_word_pairs), E_POW2=triton.next_power_of_2(w.experts),
-        PDL=pdl, SWIGLU=swiglu, LORA=lora is not None, R=r, R_POW2=triton.next_power_of_2(r), launch_pdl=pdl,
-        num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
+        **kernel_constexprs(cfg, w.group, nw, w.experts, swiglu, r if lora is not None else 0, pdl),
+        launch_pdl=pdl, num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
     )  # fmt: skip
     return out
+
+
+def kernel_constexprs(cfg: GemvConfig, group: int, nw: int, experts: int, swiglu: bool, rank: int,
+                      pdl: bool) -> dict:  # fmt: skip
+    """_grouped_mma_kernel's compile-time arguments for `cfg` at scale groups `group`, nw warps a program, `experts`
+    experts, SwiGLU or not and LoRA rank `rank` (0: none), less the weights' row strides (STRIDE_W, STRIDE_S, which
+    the launch passes with the other strides): the one list the launch and the sm_90 compile test share."""
+    r = max(rank, 1)
+    return dict(GROUP=group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, NW=nw, PAIRS=cfg.mma_word_pairs,
+                LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group), TILE=tile_asm(1, cfg.mma_word_pairs),
+                E_POW2=triton.next_power_of_2(experts), PDL=pdl, SWIGLU=swiglu, LORA=rank > 0, R=r,
+                R_POW2=triton.next_power_of_2(r))  # fmt: skip

@@ -120,9 +120,9 @@ pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "w2_ptr": "*i32
             "scale": "fp32"}
 for mt, u, swiglu, lora in ((1, 2, False, 0), (2, 2, False, 0), (1, 1, False, 0), (2, 2, True, 0), (2, 2, True, 16),
                             (2, 2, False, 16), (2, 2, True, 8), (2, 2, True, 64)):  # _GROUPED_MMA's, with LoRA rank
-    const = dict(GROUP=32, MT=mt, U=u, LOAD=gemv_mma.load_w_asm(128, False, 32), NW=4, E_POW2=128, PDL=True,
-                 SWIGLU=swiglu, LORA=lora > 0, R=max(lora, 1), R_POW2=max(lora, 1), STRIDE_W=2048 // 8,
-                 STRIDE_S=2048 // 32, PAIRS=False, TILE=gemv_mma.tile_asm(1, False))
+    cfg = GemvConfig(16, 16 if swiglu else 16 * mt, 128, mma=True, num_warps=4, mma_tiles=u, l2_prefetch=128)
+    const = dict(grouped_mma.kernel_constexprs(cfg, 32, 4, 128, swiglu, lora, True), STRIDE_W=2048 // 8,
+                 STRIDE_S=2048 // 32)
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
