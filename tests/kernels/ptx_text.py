@@ -51,3 +51,20 @@ def run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
         else:
             assert op in ("{", "}", ".reg", ""), f"unexpected PTX: {line!r}"
     return regs
+
+
+def int4_decode_cases(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random int4 words (int32, `shape`; the first two hold every nibble value once each) and bf16 scales over 2^-12
+    to 2^3, for the decode-text tests: seeded, so every test reads the same cases."""
+    gen = torch.Generator().manual_seed(0)
+    words = torch.randint(-(2**31), 2**31, shape, generator=gen, dtype=torch.int64).to(torch.int32)
+    words.view(-1)[:2] = torch.tensor([0x76543210, -0x789ABCDF - 1], dtype=torch.int32)
+    scales = (torch.rand(shape, generator=gen) * 2.0 ** torch.randint(-12, 3, shape, generator=gen)).bfloat16()
+    return words, scales
+
+
+def int4_decoded_bits(word: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The int4 format's own dequantization of one word by one bf16 scale: its 8 values' bf16 bit patterns, int32."""
+    from orbit_lightning.quant.formats.int4 import unpack_int4
+
+    return (unpack_int4(word.reshape(1)).float() * scale.float()).bfloat16().view(torch.int16).int() & 0xFFFF

@@ -19,9 +19,8 @@ from orbit_lightning.kernels.gemv_lora import LoraDelta
 from orbit_lightning.kernels.gemv_mma import _decode, mma_split, warps_for
 
 from orbit_lightning import kernels
-from orbit_lightning.quant.formats.int4 import unpack_int4
 from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
-from tests.kernels.ptx_text import run_ptx
+from tests.kernels.ptx_text import int4_decode_cases, int4_decoded_bits, run_ptx
 from tests.kernels.test_gemv_lora import _adapters, _oracle
 
 
@@ -87,12 +86,8 @@ def test_decode_text_matches_the_int4_format():
     value and a range of scales: the pairs its mmas multiply by activations permuted the same way (tile_asm)."""
     consts = "mov.b32 one, 0x3F803F80;\nmov.b32 off, 0xC308C308;\nmov.b32 nz, 0x80008000;\n"
     text = consts + _decode("$0", "a").replace("{s2}", "$1")
-    gen = torch.Generator().manual_seed(0)
-    words = torch.randint(-(2**31), 2**31, (24,), generator=gen, dtype=torch.int64).to(torch.int32)
-    words[:2] = torch.tensor([0x76543210, -0x789ABCDF - 1], dtype=torch.int32)  # every nibble value once
-    scales = (torch.rand(24, generator=gen) * 2.0 ** torch.randint(-12, 3, (24,), generator=gen)).bfloat16()
-    for word, scale in zip(words, scales):
-        want = (unpack_int4(word.reshape(1)).float() * scale.float()).bfloat16().view(torch.int16).int() & 0xFFFF
+    for word, scale in zip(*int4_decode_cases((24,))):
+        want = int4_decoded_bits(word, scale)
         bits = scale.view(torch.int16).item() & 0xFFFF
         regs = run_ptx(text, {"$0": word.item() & 0xFFFFFFFF, "$1": bits | bits << 16})
         for j in range(4):

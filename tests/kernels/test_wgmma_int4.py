@@ -22,7 +22,7 @@ from tests.kernels.kernel_oracles import (
     random_weight,
     uneven_int4_experts,
 )
-from tests.kernels.ptx_text import run_ptx
+from tests.kernels.ptx_text import int4_decode_cases, int4_decoded_bits, run_ptx
 from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
@@ -148,15 +148,8 @@ def test_pair_decode_text_matches_the_int4_format():
     """Lane t of a quad decodes byte t of each word into values 2t (low half) and 2t + 1 (high half) of the word,
     which is where the wgmma operand layout wants them; the values are the int4 format's own dequantization, bit
     for bit, for every byte, nibble and a range of scales (the kernel runs only on a GPU; its decode text runs here)."""
-    from orbit_lightning.quant.formats.int4 import unpack_int4
-
-    gen = torch.Generator().manual_seed(0)
-    words = torch.randint(-(2**31), 2**31, (24,), generator=gen, dtype=torch.int64).to(torch.int32)
-    words[:2] = torch.tensor([0x76543210, -0x789ABCDF - 1], dtype=torch.int32)  # every nibble value once
-    scales = (torch.rand(24, generator=gen) * 2.0 ** torch.randint(-12, 3, (24,), generator=gen)).bfloat16()
-    for word, scale in zip(words, scales):
-        codes = unpack_int4(word.reshape(1)).float()  # values 0..7 of the word, q = nibble - 8
-        want = (codes * scale.float()).bfloat16().view(torch.int16).int() & 0xFFFF
+    for word, scale in zip(*int4_decode_cases((24,))):
+        want = int4_decoded_bits(word, scale)  # values 0..7 of the word, (nibble - 8) * scale
         scale_bits = scale.view(torch.int16).item() & 0xFFFF
         for t in range(4):
             lo, hi = _run_pair_asm(word.item() & 0xFFFFFFFF, t, scale_bits)

@@ -77,16 +77,11 @@ def test_pair_decode_text_matches_the_int4_format():
     bit for bit, for every j, nibble value and a range of scales (its text runs here; the kernel only on a GPU)."""
     from orbit_lightning.kernels import wgmma_int4_dx as wdx
 
-    from orbit_lightning.quant.formats.int4 import unpack_int4
-    from tests.kernels.ptx_text import run_ptx
+    from tests.kernels.ptx_text import int4_decode_cases, int4_decoded_bits, run_ptx
 
-    gen = torch.Generator().manual_seed(0)
-    words = torch.randint(-(2**31), 2**31, (12, 2), generator=gen, dtype=torch.int64).to(torch.int32)
-    words[0] = torch.tensor([0x76543210, -0x789ABCDF - 1], dtype=torch.int32)  # every nibble value in each row
-    scales = (torch.rand(12, 2, generator=gen) * 2.0 ** torch.randint(-12, 3, (12, 2), generator=gen)).bfloat16()
     bits = lambda t: t.view(torch.int16).int() & 0xFFFF  # noqa: E731
-    for pair, scale in zip(words, scales):
-        want = [bits((unpack_int4(pair[r].reshape(1)).float() * scale[r].float()).bfloat16()) for r in (0, 1)]
+    for pair, scale in zip(*int4_decode_cases((12, 2))):  # (pair 0: every nibble value in each row)
+        want = [int4_decoded_bits(pair[r], scale[r]) for r in (0, 1)]
         for j in range(4):
             jb = j // 2  # (the kernel's selector and shift for lane nibble j)
             regs = run_ptx(wdx._DX_ASM.value, {
