@@ -76,6 +76,9 @@ def run_sweep(doc: str, script: str, say: Log, sections: dict, default: str) -> 
     p.add_argument("--budget", type=float, default=1e9, help="seconds; sections start nothing new after it")
     p.add_argument("--sections", default=default, help="comma list of " + ",".join(sections))
     args = p.parse_args()
+    unknown = [name for name in args.sections.split(",") if name not in sections]
+    if unknown:
+        p.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(sections)}")
     if not torch.cuda.is_available():
         sys.exit(f"bench/{script} needs a CUDA GPU")
     deadline, start = time.time() + args.budget, time.time()

@@ -16,6 +16,7 @@ there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commi
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import time
@@ -110,6 +111,28 @@ def section_pairs(deadline: float) -> None:
     section_pairs_dispatch(deadline)
 
 
+def alternating_medians(runs: dict, ref: torch.Tensor, bound: torch.Tensor, rounds: int = 3) -> dict[str, float]:
+    """Median graph_us of each of `runs` (name: a no-argument callable returning its output, checked against the fp32
+    reference within bound), timed in `rounds` alternating rounds in one process, so that the variants share the
+    GPU's state; the order's own bias (a few percent on the smallest shapes: bench/RESULTS.md) remains."""
+    t: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            assert ((fn().float() - ref).abs() <= bound).all(), name
+            t[name].append(graph_us(fn))
+    return {name: sorted(v)[len(v) // 2] for name, v in t.items()}
+
+
+def _with_rules(start: int, max_n: int, x: torch.Tensor, packed) -> torch.Tensor:
+    """kernels.int4_linear dispatched with configs.MMA_WORD_PAIRS_FROM and MMA_WIDE_MAX_N set to these values."""
+    shipped = configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N
+    configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = start, max_n
+    try:
+        return kernels.int4_linear(x, packed)
+    finally:
+        configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = shipped
+
+
 def section_pairs_dispatch(deadline: float) -> None:
     """The dispatch at 9-16 rows as shipped against one without the word-pair layout (section_pairs' second half)."""
     say("\n== the dispatch at 9-16 rows, graph_us us (median of 3 alternating rounds): shipped; words (the mma GEMV in "
@@ -124,17 +147,8 @@ def section_pairs_dispatch(deadline: float) -> None:
             packed, w, wdq, wbf = layer_case(fmt, n, k)
             for m in (9, 16):
                 x = torch.randn(m, k, device="cuda").bfloat16()
-                ref, bound = reference(x, wdq)
-                t: dict[str, list[float]] = {r: [] for r in rules}
-                try:
-                    for _ in range(3):
-                        for r, (start, max_n) in rules.items():
-                            configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = start, max_n
-                            assert ((kernels.int4_linear(x, packed).float() - ref).abs() <= bound).all(), r
-                            t[r].append(graph_us(kernels.int4_linear, x, packed))
-                finally:
-                    configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = rules["shipped"]
-                med = {r: sorted(v)[1] for r, v in t.items()}
+                runs = {r: functools.partial(_with_rules, *rule, x, packed) for r, rule in rules.items()}
+                med = alternating_medians(runs, *reference(x, wdq))
                 b16 = graph_us(F.linear, x, wbf)
                 for r in rules:
                     ratios.setdefault((m, r), []).append(b16 / med[r])
@@ -174,17 +188,12 @@ def section_ab(deadline: float) -> None:
             for m in (1, 8, 9, 16):
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
-                ref, bound = reference(x, wdq)
-                t: dict[str, list[float]] = {name: [] for name in variants}
-                for _ in range(3):
-                    for name, change in variants.items():
-                        if cfg is not None and cfg.mma:
-                            fn, args = gs.run_gemv, (x, w, replace(cfg, **change))
-                        else:
-                            fn, args = kernels.int4_linear, (x, packed)
-                        assert ((fn(*args).float() - ref).abs() <= bound).all(), name
-                        t[name].append(graph_us(fn, *args))
-                med = {name: sorted(v)[1] for name, v in t.items()}
+                if cfg is not None and cfg.mma:
+                    runs = {name: functools.partial(gs.run_gemv, x, w, replace(cfg, **change))
+                            for name, change in variants.items()}  # fmt: skip
+                else:  # (the dispatch, unchanged, in every variant's place)
+                    runs = {name: functools.partial(kernels.int4_linear, x, packed) for name in variants}
+                med = alternating_medians(runs, *reference(x, wdq))
                 b16 = graph_us(F.linear, x, wbf)
                 for name, v in med.items():
                     speedups.setdefault((m, name), []).append(b16 / v)
