@@ -3,14 +3,15 @@
     python bench/ncu_decode.py [--shapes DeepSeek-V3.mlp.down Qwen3-8B.o] [--m 1 8 9 16] [--configs dispatched two]
 
 Runs itself under `ncu --clock-control none` (clocks as in every other bench here) and prints one row per shape, M
-and config. Each row holds the kernel's duration, DRAM throughput, issued and eligible warps per scheduler, the
-cycles with no eligible warp, registers, achieved occupancy and the largest stall reasons, in cycles per issued
-instruction. Configs: "dispatched" (what kernels.int4_linear runs), and "one", "two", "long-k" (the mma GEMV's
-configs._GEMV_MMA, _GEMV_MMA_TWO_ROWTILES and _GEMV_MMA_LONG_K, at any M <= 16). Every launch follows an L2 read flush,
-as in bench/kernels.py. The question it was written for (bench/RESULTS.md, "Kernels", twenty-fifth session): at 8
-rows the mma GEMV runs close to its one-row time, and from 9 rows it is ~25 % slower, with no variant that touches
-the activation traffic, the registers or the DRAM latency (row warps, four row tiles a warp, an L2 prefetch)
-closing the gap. With $OUT set, ncu's raw CSV is written there too.
+and config. Each row holds the kernel's duration, DRAM, L1/TEX and L2 throughput (% of peak), issued and eligible
+warps per scheduler, the cycles with no eligible warp, registers, achieved occupancy and the largest stall reasons,
+in cycles per issued instruction. Configs: "dispatched" (what kernels.int4_linear runs), and "one", "two", "long-k"
+(the mma GEMV's configs._GEMV_MMA, _GEMV_MMA_TWO_ROWTILES and _GEMV_MMA_LONG_K at any M <= 16, as configs._at_rows
+serves M rows). Every launch follows an L2 read flush, as in bench/kernels.py. The question it was written for
+(bench/RESULTS.md, "Kernels", twenty-fifth session): at 8 rows the mma GEMV runs close to its one-row time, and
+from 9 rows it is ~25 % slower, with no variant that touches the activation traffic, the registers or the DRAM
+latency (row warps, four row tiles a warp, an L2 prefetch) closing the gap. With $OUT set, ncu's raw CSV is written
+there too.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ KERNELS = r"regex:_gemv_mma_kernel|_wgmma_int4_kernel"
 STALLS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 SECTIONS = ("SpeedOfLight", "SchedulerStats", "WarpStateStats", "Occupancy", "LaunchStats")
 # (column, ncu's metric name): the detail-page metrics the table prints
-COLUMNS = (("us", "Duration"), ("DRAM %", "DRAM Throughput"), ("issued", "Issued Warp Per Scheduler"),
+COLUMNS = (("us", "Duration"), ("DRAM %", "DRAM Throughput"), ("L1/TEX %", "L1/TEX Cache Throughput"),
+           ("L2 %", "L2 Cache Throughput"), ("issued", "Issued Warp Per Scheduler"),
            ("eligible", "Eligible Warps Per Scheduler"), ("none elig %", "No Eligible"),
            ("regs", "Registers Per Thread"), ("occup %", "Achieved Occupancy"))  # fmt: skip
 _TIME_UNITS = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
@@ -86,7 +88,8 @@ def run_cases(todo: list[tuple[str, int, str]]) -> None:
         else:
             w = resolve("int4", packed, stacked=False)
             out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-            calls.append(lambda x=x, w=w, o=out, c=mma[name]: gemv.gemv(x, w, o, c, _tickets, True))
+            cfg = configs._at_rows(mma[name], m)  # as the dispatch would serve m rows
+            calls.append(lambda x=x, w=w, o=out, c=cfg: gemv.gemv(x, w, o, c, _tickets, True))
     bk._FLUSH.append(torch.ones(256 << 20, dtype=torch.int8, device="cuda"))
     for call in calls:  # compile and allocate: the launches ncu skips
         call()
