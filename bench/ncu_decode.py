@@ -21,6 +21,7 @@ import csv
 import importlib.util
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,8 @@ import orbit_lightning  # noqa: F401
 KERNELS = r"regex:_gemv_mma_kernel|_wgmma_int4_kernel"
 STALLS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 SECTIONS = ("SpeedOfLight", "SchedulerStats", "WarpStateStats", "Occupancy", "LaunchStats")
+MEMORY_SECTIONS = ("MemoryWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables")
+MEMORY_METRICS = r"wavefront|bank|sector|request|hit rate|busy|bandwidth|pipe|shared|L1|L2|lsu|tex"
 # (column, ncu's metric name): the detail-page metrics the table prints
 COLUMNS = (("us", "Duration"), ("DRAM %", "DRAM Throughput"), ("L1/TEX %", "L1/TEX Cache Throughput"),
            ("L2 %", "L2 Cache Throughput"), ("issued", "Issued Warp Per Scheduler"),
@@ -149,12 +152,25 @@ def table(todo: list[tuple[str, int, str]], launches: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def memory_table(todo: list[tuple[str, int, str]], launches: list[dict]) -> str:
+    """Every memory-section metric (MEMORY_METRICS) of each launch, one line per metric: which unit (L1 wavefronts
+    of the global and shared pipes, bank conflicts, L2) a kernel runs against."""
+    lines = []
+    for (shape, m, name), launch in zip(todo, launches, strict=False):
+        lines.append(f"== {shape} M = {m} {name}")
+        lines += [f"   {metric:60} {unit:>10} {value:>14}" for metric, (unit, value) in launch.items()
+                  if re.search(MEMORY_METRICS, metric, re.IGNORECASE)]  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["DeepSeek-V3.mlp.down", "Qwen3-8B.gate_up", "Qwen3-8B.o"])
     ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 9, 16])
     ap.add_argument("--configs", nargs="+", default=["dispatched", "one", "two"],
                     choices=["dispatched", "one", "two", "long-k"])
+    ap.add_argument("--memory", action="store_true",
+                    help="also Nsight's memory workload sections: per launch, the L1 / shared / L2 metrics they hold")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     layers = _layers()
@@ -172,7 +188,7 @@ def main() -> None:
         sys.exit("bench/ncu_decode.py needs Nsight Compute's ncu (not found on PATH or in /usr/local/cuda/bin)")
     cmd = [ncu, "--clock-control", "none", "--kernel-name", KERNELS, "--launch-skip", str(len(todo)), "--csv",
            "--page", "details", "--metrics", STALLS]  # fmt: skip
-    for section in SECTIONS:
+    for section in SECTIONS + (MEMORY_SECTIONS if args.memory else ()):
         cmd += ["--section", section]
     cmd += [sys.executable, os.path.abspath(__file__), "--child", "--shapes", *args.shapes, "--m",
             *map(str, args.m), "--configs", *args.configs]  # fmt: skip
@@ -184,6 +200,8 @@ def main() -> None:
     if done.returncode or not launches:
         sys.exit(f"ncu failed (exit {done.returncode}):\n{done.stderr[-3000:]}\n{done.stdout[-2000:]}")
     print(table(todo, launches))
+    if args.memory:
+        print(memory_table(todo, launches))
 
 
 if __name__ == "__main__":
