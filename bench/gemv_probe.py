@@ -2,12 +2,15 @@
 would gain, on the 12 dense shapes of bench/kernels.py. The outputs are WRONG for every variant but `ship`; only
 the time means anything. It bounds what any cheaper decode of the same words can buy at M = 1.
 
-    python bench/gemv_probe.py ship noscale nofma noprmt nodecode
+    python bench/gemv_probe.py [--m ROWS] ship noscale nofma noprmt nodecode x1 s1
 
 ship: the shipped text. noscale: without the fma by the scale. nofma: without both fmas (the -136 offset and the
 scale). noprmt: also without the activation prmts (movs instead). nodecode: also without the shr and lop3 (the raw
 word as the operand). loadonly: no mma and no decode at all, the loaded registers only folded into the accumulator
-(the floor of this kernel's loads, loop and epilogue). rN[pP]: the shipped
+(the floor of this kernel's loads, loop and epilogue). x1 / s1: every lane's activations from the first row of its n8
+tile (one 128-byte line a load instead of 8 at 9-16 rows), or its rows' scales from the row tile's first row; what
+the L1 wavefronts of those loads cost (`--m 16`: at M = 1 x1 is ship). s1 also reads fewer scale bytes from DRAM
+(a twelfth of the int4 bytes at group 32). rN[pP]: the shipped
 kernel capped at N registers per thread (with P warps per SM as the grid's target). Each variant runs in a
 subprocess of its own (the kernel's PTX is a constexpr, so each text compiles a kernel of its own; the cache dir is
 per variant). The register caps, whose values are right, are then compared bit for bit with ship's outputs. (The
@@ -25,9 +28,31 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import triton
+import triton.language as tl
 from orbit_lightning.kernels import gemv_mma
 
-VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly")
+VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1")
+_real_lanes, _real_activations = gemv_mma.lane_addresses, gemv_mma.activation_lanes
+
+
+@triton.jit
+def _scales_of_first_row(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, PAIRS: tl.constexpr):
+    """lane_addresses, with every lane's scale address that of its row tile's first row (rows g, g + 8 of a tile
+    start at a multiple of 16; the row g + 8 offset stays compile-time)."""
+    w_lane, _ = _real_lanes(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP, PAIRS)
+    _, s_lane = _real_lanes(w_ptr, s_ptr, rows // 16 * 16, k_lo, stride_wn, stride_sn, GROUP, PAIRS)
+    return w_lane, s_lane
+
+
+@triton.jit
+def _activations_of_first_row(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr, PAIRS: tl.constexpr):
+    """activation_lanes with every lane of an n8 tile on its first row."""
+    return _real_activations(x_ptr, first * 0, end, k_lo, stride_xm, NT, PAIRS)
+
+
+_ADDRESS_PROBES = {"x1": ("activation_lanes", _activations_of_first_row),
+                   "s1": ("lane_addresses", _scales_of_first_row)}
 
 
 def loadonly_text() -> str:
@@ -72,7 +97,7 @@ def probe_text(text: str, variant: str) -> str:
     return "\n".join(out)
 
 
-def run_variant(variant: str) -> None:
+def run_variant(variant: str, m: int) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -86,6 +111,9 @@ def run_variant(variant: str) -> None:
         extra = {"maxnreg": int(cap[1])} | ({"programs_per_sm": int(cap[2])} if cap[2] else {})
         for name in ("_GEMV_MMA", "_GEMV_MMA_LONG_K", "_GEMV_MMA_ONE_TILE"):
             setattr(configs, name, replace(getattr(configs, name), **extra))
+    elif variant in _ADDRESS_PROBES:
+        name, probe = _ADDRESS_PROBES[variant]
+        setattr(gemv_mma, name, probe)  # (resolved when the kernel compiles, in this process's own cache)
     elif variant != "ship":
         real = gemv_mma.tile_asm  # (kernel_constexprs passes its text to the kernel)
         gemv_mma.tile_asm = lambda nt, pairs: probe_text(real(nt, pairs), variant)
@@ -100,7 +128,7 @@ def run_variant(variant: str) -> None:
         for layer, n, k in layers:
             w = bk.randn(n, k, scale=0.02)
             packed = fmt.random_packed((n, k), device="cuda")
-            x = bk.randn(1, k)
+            x = bk.randn(m, k)
             bf16, int4 = bk.graph_us(F.linear, x, w), bk.graph_us(kernels.int4_linear, x, packed)
             ratios.append(bf16 / int4)
             outputs.append(kernels.int4_linear(x, packed).cpu())
@@ -108,7 +136,7 @@ def run_variant(variant: str) -> None:
             print(line, flush=True)
             del w, packed
             torch.cuda.empty_cache()
-    print(f"{variant:9} GEOMEAN M=1 x {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}", flush=True)
+    print(f"{variant:9} GEOMEAN M={m} x {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}", flush=True)
     torch.save(outputs, _outputs_path(variant))
 
 
@@ -117,16 +145,20 @@ def _outputs_path(variant: str) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        return run_variant(sys.argv[2])
-    for variant in sys.argv[1:] or VARIANTS:
+    args = sys.argv[1:]
+    m = 1
+    if args[:1] == ["--m"]:
+        m, args = int(args[1]), args[2:]
+    if len(args) == 2 and args[0] == "--child":
+        return run_variant(args[1], m)
+    for variant in args or VARIANTS:
         if variant not in VARIANTS and not re.fullmatch(r"r\d+(p\d+)?", variant):
             sys.exit(f"bench/gemv_probe.py: unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
         env = dict(os.environ, TRITON_CACHE_DIR=os.path.join("/tmp", f"gemv_probe_{variant}"))
-        subprocess.run([sys.executable, __file__, "--child", variant], env=env, check=True)
+        subprocess.run([sys.executable, __file__, "--m", str(m), "--child", variant], env=env, check=True)
     import torch
 
-    ran = sys.argv[1:] or VARIANTS
+    ran = args or VARIANTS
     ship = torch.load(_outputs_path("ship")) if "ship" in ran else None  # (this run's, never a stale file)
     for variant in ran if ship is not None else ():
         if variant.startswith("r"):  # (the register caps multiply like the shipped kernel)
