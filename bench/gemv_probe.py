@@ -2,7 +2,7 @@
 would gain, on the 12 dense shapes of bench/kernels.py. The outputs are WRONG for every variant but `ship`; only
 the time means anything. It bounds what any cheaper decode of the same words can buy at M = 1.
 
-    python bench/gemv_probe.py [--m ROWS] ship noscale nofma noprmt nodecode x1 s1
+    python bench/gemv_probe.py [--m ROWS] ship noscale nofma noprmt nodecode x1 s1 w16
 
 ship: the shipped text. noscale: without the fma by the scale. nofma: without both fmas (the -136 offset and the
 scale). noprmt: also without the activation prmts (movs instead). nodecode: also without the shr and lop3 (the raw
@@ -10,7 +10,9 @@ word as the operand). loadonly: no mma and no decode at all, the loaded register
 (the floor of this kernel's loads, loop and epilogue). x1 / s1: every lane's activations from the first row of its n8
 tile (one 128-byte line a load instead of 8 at 9-16 rows), or its rows' scales from the row tile's first row; what
 the L1 wavefronts of those loads cost (`--m 16`: at M = 1 x1 is ship). s1 also reads fewer scale bytes from DRAM
-(a twelfth of the int4 bytes at group 32). rN[pP]: the shipped
+(a twelfth of the int4 bytes at group 32). w16: at 9-16 rows (the word-pair layout), each row's words by one
+16-byte load instead of two 8-byte ones (half their L1 wavefronts; the bytes are the right rows' but the wrong words),
+capped at the shipped 80 registers (8 bytes of stack under triton 3.6). rN[pP]: the shipped
 kernel capped at N registers per thread (with P warps per SM as the grid's target). Each variant runs in a
 subprocess of its own (the kernel's PTX is a constexpr, so each text compiles a kernel of its own; the cache dir is
 per variant). The register caps, whose values are right, are then compared bit for bit with ship's outputs. (The
@@ -32,7 +34,7 @@ import triton
 import triton.language as tl
 from orbit_lightning.kernels import gemv_mma
 
-VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1")
+VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1", "w16")
 _real_lanes, _real_activations = gemv_mma.lane_addresses, gemv_mma.activation_lanes
 
 
@@ -51,8 +53,34 @@ def _activations_of_first_row(x_ptr, first, end, k_lo, stride_xm, NT: tl.constex
     return _real_activations(x_ptr, first * 0, end, k_lo, stride_xm, NT, PAIRS)
 
 
-_ADDRESS_PROBES = {"x1": ("activation_lanes", _activations_of_first_row),
-                   "s1": ("lane_addresses", _scales_of_first_row)}
+@triton.jit
+def _words_at_sixteen_bytes(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr,
+                            PAIRS: tl.constexpr):  # fmt: skip
+    """lane_addresses with the words of the shipped layout (lane t at byte 16t of its row's K tile) and the scales of
+    `PAIRS`: for w16's one 16-byte load a row."""
+    w_lane, _ = _real_lanes(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP, False)
+    _, s_lane = _real_lanes(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP, PAIRS)
+    return w_lane, s_lane
+
+
+def _one_load_a_row(l2_prefetch: int, pairs: bool, group: int) -> str:
+    """load_w_asm with the word-pair layout's two 8-byte loads a row made one 16-byte load (the quad's 64 contiguous
+    bytes: half the weights' L1 wavefronts; its words are the wrong ones)."""
+    text = _real_load_w(l2_prefetch, pairs, group)
+    if not pairs:
+        return text
+    lines = text.split("\n")
+    first = [i for i, line in enumerate(lines) if ".v2.u32" in line]
+    ld = lines[first[0]].split(" {")[0].replace(".v2.", ".v4.")
+    loads = [f"{ld} {{$0, $1, $2, $3}}, [$12];", f"{ld} {{$4, $5, $6, $7}}, [$13];"]
+    return "\n".join(lines[: first[0]] + loads + lines[first[-1] + 1:])
+
+
+_real_load_w = gemv_mma.load_w_asm
+# variant -> the gemv_mma names it replaces
+_ADDRESS_PROBES = {"x1": {"activation_lanes": _activations_of_first_row},
+                   "s1": {"lane_addresses": _scales_of_first_row},
+                   "w16": {"lane_addresses": _words_at_sixteen_bytes, "load_w_asm": _one_load_a_row}}
 
 
 def loadonly_text() -> str:
@@ -112,8 +140,13 @@ def run_variant(variant: str, m: int) -> None:
         for name in ("_GEMV_MMA", "_GEMV_MMA_LONG_K", "_GEMV_MMA_ONE_TILE"):
             setattr(configs, name, replace(getattr(configs, name), **extra))
     elif variant in _ADDRESS_PROBES:
-        name, probe = _ADDRESS_PROBES[variant]
-        setattr(gemv_mma, name, probe)  # (resolved when the kernel compiles, in this process's own cache)
+        for name, probe in _ADDRESS_PROBES[variant].items():  # (resolved at compile time, in this process's cache)
+            setattr(gemv_mma, name, probe)
+        if variant == "w16":  # (82 registers uncapped, triton 3.6: two 8-warp programs a SM instead of three)
+            from orbit_lightning.kernels import configs
+
+            for name in ("_GEMV_MMA", "_GEMV_MMA_LONG_K", "_GEMV_MMA_ONE_TILE"):
+                setattr(configs, name, replace(getattr(configs, name), maxnreg=80))
     elif variant != "ship":
         real = gemv_mma.tile_asm  # (kernel_constexprs passes its text to the kernel)
         gemv_mma.tile_asm = lambda nt, pairs: probe_text(real(nt, pairs), variant)
