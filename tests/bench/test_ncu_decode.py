@@ -47,3 +47,13 @@ def test_details_csv_becomes_one_row_per_launch_in_order():
                              [first, second])  # fmt: skip
     assert "38.40" in table.splitlines()[1] and "28.51" in table.splitlines()[2]
     assert "misaligned" in ncu_decode.table([("a", 1, "one")], [first, second])
+
+
+def test_memory_table_keeps_the_memory_metrics_of_each_launch():
+    launch = {"Kernel Name": ("", "_gemv_mma_kernel"), "Duration": ("usecond", "9.1"),
+              "L1/TEX Hit Rate": ("%", "12.5"), "Shared Load Bank Conflicts": ("", "0"),
+              "Achieved Occupancy": ("%", "31")}  # fmt: skip
+    lines = ncu_decode.memory_table([("Qwen3-8B.o", 16, "dispatched")], [launch]).splitlines()
+    assert lines[0] == "== Qwen3-8B.o M = 16 dispatched"
+    kept = {line.split()[0] for line in lines[1:]}
+    assert kept == {"L1/TEX", "Shared"}  # the hit rate and the bank conflicts; not the duration or the occupancy
