@@ -22,6 +22,7 @@ left with the main loop they patched; they are at fbf5c3f.)
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import math
 import os
@@ -36,6 +37,7 @@ from orbit_lightning.kernels import gemv_mma
 
 VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1", "w16")
 _real_lanes, _real_activations = gemv_mma.lane_addresses, gemv_mma.activation_lanes
+_real_load_w = gemv_mma.load_w_asm
 
 
 @triton.jit
@@ -76,7 +78,6 @@ def _one_load_a_row(l2_prefetch: int, pairs: bool, group: int) -> str:
     return "\n".join(lines[: first[0]] + loads + lines[first[-1] + 1:])
 
 
-_real_load_w = gemv_mma.load_w_asm
 # variant -> the gemv_mma names it replaces
 _ADDRESS_PROBES = {"x1": {"activation_lanes": _activations_of_first_row},
                    "s1": {"lane_addresses": _scales_of_first_row},
@@ -125,6 +126,14 @@ def probe_text(text: str, variant: str) -> str:
     return "\n".join(out)
 
 
+def _set_mma_configs(**fields) -> None:
+    """The mma GEMV's dense configs (those the dispatch picks at 1-16 rows) with `fields` replaced."""
+    from orbit_lightning.kernels import configs
+
+    for name in ("_GEMV_MMA", "_GEMV_MMA_LONG_K", "_GEMV_MMA_ONE_TILE"):
+        setattr(configs, name, replace(getattr(configs, name), **fields))
+
+
 def run_variant(variant: str, m: int) -> None:
     import torch
     import torch.nn.functional as F
@@ -134,19 +143,12 @@ def run_variant(variant: str, m: int) -> None:
 
     cap = re.fullmatch(r"r(\d+)(?:p(\d+))?", variant)
     if cap:  # the shipped kernel under a register cap (ptxas then schedules the loads otherwise), warps per SM
-        from orbit_lightning.kernels import configs
-
-        extra = {"maxnreg": int(cap[1])} | ({"programs_per_sm": int(cap[2])} if cap[2] else {})
-        for name in ("_GEMV_MMA", "_GEMV_MMA_LONG_K", "_GEMV_MMA_ONE_TILE"):
-            setattr(configs, name, replace(getattr(configs, name), **extra))
+        _set_mma_configs(maxnreg=int(cap[1]), **({"programs_per_sm": int(cap[2])} if cap[2] else {}))
     elif variant in _ADDRESS_PROBES:
         for name, probe in _ADDRESS_PROBES[variant].items():  # (resolved at compile time, in this process's cache)
             setattr(gemv_mma, name, probe)
         if variant == "w16":  # (82 registers uncapped, triton 3.6: two 8-warp programs a SM instead of three)
-            from orbit_lightning.kernels import configs
-
-            for name in ("_GEMV_MMA", "_GEMV_MMA_LONG_K", "_GEMV_MMA_ONE_TILE"):
-                setattr(configs, name, replace(getattr(configs, name), maxnreg=80))
+            _set_mma_configs(maxnreg=80)
     elif variant != "ship":
         real = gemv_mma.tile_asm  # (kernel_constexprs passes its text to the kernel)
         gemv_mma.tile_asm = lambda nt, pairs: probe_text(real(nt, pairs), variant)
@@ -178,12 +180,14 @@ def _outputs_path(variant: str) -> str:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    m = 1
-    if args[:1] == ["--m"]:
-        m, args = int(args[1]), args[2:]
-    if len(args) == 2 and args[0] == "--child":
-        return run_variant(args[1], m)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variants", nargs="*", help=f"{', '.join(VARIANTS)} or rN[pP] (default: all but the caps)")
+    ap.add_argument("--m", type=int, default=1, choices=range(1, 17), metavar="ROWS", help="activation rows, 1-16")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    opts = ap.parse_args()
+    args, m = opts.variants, opts.m
+    if opts.child:
+        return run_variant(args[0], m)
     for variant in args or VARIANTS:
         if variant not in VARIANTS and not re.fullmatch(r"r\d+(p\d+)?", variant):
             sys.exit(f"bench/gemv_probe.py: unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")

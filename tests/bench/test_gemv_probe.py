@@ -1,6 +1,7 @@
 """bench/gemv_probe.py: the probes' PTX rewrites (the timings need a GPU)."""
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,3 +24,11 @@ def test_w16_loads_each_rows_words_in_one_16_byte_load_and_keeps_the_scales():
 
 def test_every_probe_is_a_variant():
     assert set(gemv_probe._ADDRESS_PROBES) <= set(gemv_probe.VARIANTS)
+
+
+def test_bad_arguments_are_named_before_any_gpu_work():
+    script = str(Path(__file__).parents[2] / "bench" / "gemv_probe.py")
+    for argv, said in ((["--m", "40", "ship"], "argument --m: invalid choice: 40"),
+                       (["bogus"], "unknown variant 'bogus'; choose from ship")):  # fmt: skip
+        run = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=300)
+        assert run.returncode != 0 and said in run.stderr, run.stderr[-2000:]
