@@ -1,6 +1,6 @@
 """Sweeps of the mma GEMV (kernels/gemv_mma.py), the decode kernel at 1-16 rows, on the GPU machine.
 
-    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab]
+    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab,sets]
 
 Each section times variants with bench/gemv_sweep.py's section_gemv (CUDA-graph cold-L2 times, each output checked
 against an fp32 reference, geomean x bf16 F.linear over the dense shapes of bench/kernels.py). mma: the kernel's
@@ -8,8 +8,8 @@ variants at M = 1 against the tile and TMA configs. m16mt: 9 and 16 rows with 1 
 shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
 A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint
-and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating. (The adjacent-nibble
-decode the thirtieth session measured with wide and ab is at commit cb3ff11.)
+and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating; sets: with two
+accumulator sets. (The adjacent-nibble decode the thirtieth session measured with wide and ab is at commit cb3ff11.)
 (These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before it cite them
 there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
 """
@@ -172,10 +172,23 @@ def section_wide(deadline: float) -> None:
 
 def section_ab(deadline: float) -> None:
     """The dispatch at 1, 8, 9 and 16 rows against itself with the mma GEMV's configs' L2 prefetch hint on the weight
-    loads set to 0 and to 128 bytes; three alternating rounds in one process, median graph_us, each output checked.
-    Shapes the mma GEMV does not serve time the dispatch for every variant. Per variant and M, the geomean x bf16
-    over the 12 shapes."""
-    variants = {"shipped": {}, "l2-0": dict(l2_prefetch=0), "l2-128": dict(l2_prefetch=128)}
+    loads set to 0 and to 128 bytes."""
+    _dispatch_ab(deadline, {"shipped": {}, "l2-0": dict(l2_prefetch=0), "l2-128": dict(l2_prefetch=128)},
+                 (1, 8, 9, 16))
+
+
+def section_sets(deadline: float) -> None:
+    """The dispatch at 1 and 8 rows (two K tiles a step) against itself with two accumulator sets a row tile
+    (GemvConfig.mma_acc_sets: each step's mmas in two chains of half the length), uncapped and capped at the
+    shipped 80 registers."""
+    _dispatch_ab(deadline, {"shipped": {}, "sets2": dict(mma_acc_sets=2),
+                            "sets2-r80": dict(mma_acc_sets=2, maxnreg=80)}, (1, 8))
+
+
+def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:
+    """The dispatch at `rows` rows against itself with its mma configs changed by each of `variants` (GemvConfig
+    fields); three alternating rounds in one process, median graph_us, each output checked. Shapes the mma GEMV does
+    not serve time the dispatch for every variant. Per variant and M, the geomean x bf16 over the 12 shapes."""
     say("\n== the dispatch with its mma configs changed, graph_us us (median of 3 alternating rounds): " +
         " / ".join(variants) + " ==")
     fmt = get_format("int4")
@@ -185,7 +198,7 @@ def section_ab(deadline: float) -> None:
             if time.time() > deadline:
                 break
             packed, w, wdq, wbf = layer_case(fmt, n, k)
-            for m in (1, 8, 9, 16):
+            for m in rows:
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
                 if cfg is not None and cfg.mma:
@@ -206,13 +219,13 @@ def section_ab(deadline: float) -> None:
         per_m = {m: gm(v) for (m, nm), v in speedups.items() if nm == name}
         both = speedups.get((1, name), []) + speedups.get((16, name), [])
         say(f"geomean x bf16 {name:14}: " + ", ".join(f"M={m} {g:.3f}" for m, g in per_m.items()) +
-            f"; M = 1 and 16 {gm(both):.3f}")
+            (f"; M = 1 and 16 {gm(both):.3f}" if 16 in rows else ""))
 
 
 def main() -> None:
     sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
                 "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide,
-                "ab": section_ab}
+                "ab": section_ab, "sets": section_sets}
     bk.run_sweep(__doc__, "mma_sweep.py", say, sections, "shapes")
 
 

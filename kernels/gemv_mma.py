@@ -292,12 +292,13 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
+                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, SETS: tl.constexpr):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
-    tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
+    tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait). SETS
+    (GemvConfig.mma_acc_sets): accumulator sets a row tile, summed at the end."""
     x_nxt = _load_xs(x_lane, U, NT, PAIRS)
-    acc = zero_accumulators(MT, NT, NW)
+    acc = zero_accumulators(MT * SETS, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
     # 128 contiguous bytes (two 64-byte halves of a line) in one step. The last step, which loads nothing, is
     # peeled off, so no load here is predicated. The next step's loads follow this step's products in the source:
@@ -308,26 +309,44 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
         w_lane = _advance(w_lane, U * _W_BYTES)
         s_lane = _advance(s_lane, U * (_TILE_K // GROUP) * 2)
         x_lane = _advance(x_lane, U * _X_BYTES)
-        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
+        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE, SETS)
         nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
         x_nxt = _load_xs(x_lane, U, NT, PAIRS)
-    return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
+    acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE, SETS)
+    out = ()
+    for m in tl.static_range(MT):
+        a = acc[m * SETS]
+        for s in tl.static_range(1, SETS):
+            a = _add(a, acc[m * SETS + s])
+        out = out + (a,)
+    return out
+
+
+@triton.jit
+def _add(a, b):
+    """Elementwise sum of two tuples of registers."""
+    out = ()
+    for i in tl.static_range(len(a)):
+        out = out + (a[i] + b[i],)
+    return out
 
 
 @triton.jit
 def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, PAIRS: tl.constexpr,
-             TILE: tl.constexpr):
-    """One step's products: acc[m] += row tile m of each of the U K tiles (w: _load_weights') x the activations xv
-    (_load_xs')."""
+             TILE: tl.constexpr, SETS: tl.constexpr):
+    """One step's products: accumulator set u % SETS of row tile m (acc[m * SETS + u % SETS]) += row tile m of K tile
+    u (w: _load_weights') x the activations xv (_load_xs'). With two sets the step's mmas form two independent
+    chains, each half as long (an mma waits for the one before it on the same accumulators)."""
     new = ()
     for m in tl.static_range(MT):
-        a = acc[m]
-        for u in tl.static_range(U):
-            if NT == 1:
-                a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS, TILE)
-            else:
-                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS, TILE)
-        new = new + (a,)
+        for s in tl.static_range(SETS):
+            a = acc[m * SETS + s]
+            for u in tl.static_range(s, U, SETS):
+                if NT == 1:
+                    a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS, TILE)
+                else:
+                    a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS, TILE)
+            new = new + (a,)
     return new
 
 
@@ -376,7 +395,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
                      STAMPS: tl.constexpr, DIRECT: tl.constexpr, PAIRS: tl.constexpr, STRIDE_W: tl.constexpr,
-                     STRIDE_S: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
+                     STRIDE_S: tl.constexpr, TILE: tl.constexpr, SETS: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -399,7 +418,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, PAIRS, TILE)
+                           NW, PAIRS, TILE, SETS)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -476,4 +495,4 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
                 STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
-                TILE=tile_asm(nt, cfg.mma_word_pairs))  # fmt: skip
+                TILE=tile_asm(nt, cfg.mma_word_pairs), SETS=cfg.mma_acc_sets)  # fmt: skip
