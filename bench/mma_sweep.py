@@ -178,11 +178,19 @@ def section_ab(deadline: float) -> None:
 
 
 def section_sets(deadline: float) -> None:
-    """The dispatch at 1 and 8 rows (two K tiles a step) against itself with two accumulator sets a row tile
-    (GemvConfig.mma_acc_sets: each step's mmas in two chains of half the length), uncapped and capped at the
-    shipped 80 registers."""
-    _dispatch_ab(deadline, {"shipped": {}, "sets2": dict(mma_acc_sets=2),
-                            "sets2-r80": dict(mma_acc_sets=2, maxnreg=80)}, (1, 8))
+    """The dispatch at 1, 8 and 16 rows against itself with its mmas in two independent accumulator chains: each K
+    tile's word halves (GemvConfig.mma_split_tile), or a step's two K tiles (mma_acc_sets, uncapped and capped at the
+    shipped 80 registers; at 16 rows, one K tile a step, those two time the shipped config)."""
+    _dispatch_ab(deadline, {"shipped": {}, "split": dict(mma_split_tile=True), "sets2": dict(mma_acc_sets=2),
+                            "sets2-r80": dict(mma_acc_sets=2, maxnreg=80)}, (1, 8, 16))
+
+
+def _changed(cfg: GemvConfig, change: dict) -> GemvConfig:
+    """cfg with the fields of `change`, or cfg itself where they do not apply to it (GemvConfig refuses them)."""
+    try:
+        return replace(cfg, **change)
+    except ValueError:
+        return cfg
 
 
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:
@@ -202,7 +210,7 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
                 if cfg is not None and cfg.mma:
-                    runs = {name: functools.partial(gs.run_gemv, x, w, replace(cfg, **change))
+                    runs = {name: functools.partial(gs.run_gemv, x, w, _changed(cfg, change))
                             for name, change in variants.items()}  # fmt: skip
                 else:  # (the dispatch, unchanged, in every variant's place)
                     runs = {name: functools.partial(kernels.int4_linear, x, packed) for name in variants}

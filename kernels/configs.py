@@ -125,9 +125,11 @@ class GemvConfig:
     # lane t of a quad takes words 2t, 2t + 1, 2t + 8, 2t + 9 of a row's K tile instead of 4t..4t+3: half the L1
     # wavefronts for the activations, twice for the weights (gemv_mma._load_w_asm)
     mma_word_pairs: bool = False
-    # accumulator sets a row tile (1 or 2): K tile u of a step adds into set u % sets, summed after the loop, so the
-    # step's mmas form that many independent chains (gemv_mma.mma_step)
+    # independent mma accumulator chains: mma_acc_sets (1 or 2, at most mma_tiles) sets a row tile, K tile u of a step
+    # adding into set u % sets, summed after the loop (gemv_mma.mma_step); mma_split_tile: each K tile's words 2-3
+    # into registers of their own, added at the tile's end (gemv_mma.tile_asm's split)
     mma_acc_sets: int = 1
+    mma_split_tile: bool = False
 
     @property
     def launch_options(self) -> dict:

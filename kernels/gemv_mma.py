@@ -72,11 +72,13 @@ def _decode(word: str, out: str) -> str:
 
 
 @functools.cache
-def tile_asm(nt: int, pairs: bool) -> str:
+def tile_asm(nt: int, pairs: bool, split: bool = False) -> str:
     """PTX: one row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
     activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their scales: bf16 g, g + 8,
     or with `pairs` bf16x2 (the scale twice) of g's first and second pair of words, then g + 8's; per n8 tile, x as
-    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). The kernels take it as their TILE constexpr."""
+    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). With `split` words 2 and 3 accumulate into registers
+    of their own, added to d at the end: two chains of 4 mmas per n8 tile instead of one of 8 (an mma waits for the
+    one before it on the same accumulators). The kernels take it as their TILE constexpr."""
     words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + (12 if pairs else 10)
     cs = xs + 16 * nt
     lines = ["{", ".reg .b32 w, one, off, nz, slo, shi, a<4>, b<4>, x<4>;",
@@ -84,12 +86,15 @@ def tile_asm(nt: int, pairs: bool) -> str:
     if not pairs:
         lines += [f"mov.b32 slo, {{${scales}, ${scales}}};", f"mov.b32 shi, {{${scales + 1}, ${scales + 1}}};"]
     lines += [f"mov.f32 ${i}, ${cs + i};" for i in range(4 * nt)]
+    if split:
+        lines += [f".reg .f32 e<{4 * nt}>;"] + [f"mov.f32 e{i}, 0f00000000;" for i in range(4 * nt)]
     for w in range(4):
         lo, hi = (f"${scales + w // 2}", f"${scales + 2 + w // 2}") if pairs else ("slo", "shi")
         lines.append(_decode(f"${words + w}", "a").replace("{s2}", lo))
         lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", hi))
         for j in range(nt):
-            d = f"{{${4 * j}, ${4 * j + 1}, ${4 * j + 2}, ${4 * j + 3}}}"
+            acc = (f"e{4 * j + i}" for i in range(4)) if split and w >= 2 else (f"${4 * j + i}" for i in range(4))
+            d = "{" + ", ".join(acc) + "}"
             mma = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}"
             r0, r1, r2, r3 = (f"${xs + 16 * j + 4 * w + i}" for i in range(4))  # x[8w .. 8w+7] as pairs
             lines += [
@@ -101,6 +106,8 @@ def tile_asm(nt: int, pairs: bool) -> str:
             # a0/a2: row g at k (2t, 2t+1) / (2t+8, 2t+9), a1/a3 the same for row g + 8; b0/b1 x at those k.
             lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{x0, x1}}, {d};")
             lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{x2, x3}}, {d};")
+    if split:
+        lines += [f"add.f32 ${i}, ${i}, e{i};" for i in range(4 * nt)]
     lines.append("}")
     return "\n".join(lines)
 
@@ -495,4 +502,5 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
                 STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
-                TILE=tile_asm(nt, cfg.mma_word_pairs), SETS=cfg.mma_acc_sets)  # fmt: skip
+                TILE=tile_asm(nt, cfg.mma_word_pairs, cfg.mma_split_tile),
+                SETS=cfg.mma_acc_sets)  # fmt: skip

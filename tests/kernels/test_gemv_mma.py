@@ -118,6 +118,8 @@ CASES = {  # name: (format, N, K, config)
     "one-warp": ("int4", 64, 256, GemvConfig(16, 32, 128, mma=True, num_warps=1)),
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
     "two-acc-sets": ("int4", 4096, 4096, replace(_MMA, mma_acc_sets=2)),
+    "split-tiles": ("int4", 4096, 4096, replace(configs._GEMV_MMA_ONE_TILE, mma_word_pairs=True, mma_split_tile=True)),
+    "split-two-tile-steps": ("int4", 2048, 4096, replace(_MMA, mma_split_tile=True)),
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
     "pairs-shipped": ("int4", 6144, 4096, replace(_MMA, mma_word_pairs=True)),
