@@ -5,8 +5,7 @@ mix, and the order of its loads (L) and mmas (H).
     python bench/mma_sass.py [--configs mt1-nt1-u2 mt2-nt1-u2 mt1-nt2-u1] [--k 4096] [--lora]
 
 A config is mt{row tiles a warp}-nt{n8 tiles of activation rows: 1 up to 8 rows, 2 up to 16}-u{K tiles a step}, and
--p for the word-pair lane layout (GemvConfig.mma_word_pairs), -s2 for two accumulator sets (GemvConfig.mma_acc_sets),
--x for the split tile (mma_split_tile).
+-p for the word-pair lane layout (GemvConfig.mma_word_pairs).
 
 Why: the device's triton (3.6) and this machine's (3.9) bundle different ptxas, and they allocated the same loop 117
 and 80 registers (bench/RESULTS.md, "Kernels", twenty-seventh session). With another triton unpacked in a directory
@@ -58,19 +57,18 @@ class Loop:
         return "".join("L" if i.startswith("LDG") else "H" for i in self.instructions if i.startswith(("LDG", "HMMA")))
 
 
-def parse_config(name: str) -> tuple[int, int, int, bool, int, bool]:
-    m = re.fullmatch(r"mt(\d)-nt([12])-u([124])(-p)?(-s2)?(-x)?", name)
+def parse_config(name: str) -> tuple[int, int, int, bool]:
+    m = re.fullmatch(r"mt(\d)-nt([12])-u([124])(-p)?", name)
     if not m:
-        raise SystemExit(f"config {name!r}: expected mt<row tiles>-nt<1|2>-u<1|2|4>[-p][-s2][-x], e.g. mt1-nt1-u2")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4)), 2 if m.group(5) else 1, bool(m.group(6))
+        raise SystemExit(f"config {name!r}: expected mt<row tiles>-nt<1|2>-u<1|2|4>[-p], e.g. mt1-nt1-u2")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4))
 
 
 def compile_sass(mt: int, nt: int, u: int, k: int, lora: bool = False, num_warps: int = 8,
-                 pairs: bool = False, sets: int = 1, split: bool = False) -> tuple[str, str]:  # fmt: skip
+                 pairs: bool = False) -> tuple[str, str]:  # fmt: skip
     """(SASS, cuobjdump's resource usage) of _gemv_mma_kernel for sm_90a, int4 g32 weights with K = k."""
     names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
-    cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs,
-                     mma_acc_sets=sets, mma_split_tile=split)
+    cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs)
     const = dict(gemv_mma.kernel_constexprs(cfg, 1 if nt == 1 else 16, num_warps, 32, k // 8, k // 32, True),
                  LORA=lora, BR=16, STAMPS=False)  # fmt: skip
     sig = {n: "constexpr" if n in const else _POINTERS.get(n, "i32") for n in names}
@@ -107,8 +105,8 @@ def main_loop(sass: str, usage: str, products: int) -> Loop:
 
 
 def analyse(name: str, k: int, lora: bool = False) -> Loop:
-    mt, nt, u, pairs, sets, split = parse_config(name)
-    return main_loop(*compile_sass(mt, nt, u, k, lora, pairs=pairs, sets=sets, split=split), products=mt * u)
+    mt, nt, u, pairs = parse_config(name)
+    return main_loop(*compile_sass(mt, nt, u, k, lora, pairs=pairs), products=mt * u)
 
 
 def main(argv=None) -> None:

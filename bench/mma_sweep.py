@@ -1,6 +1,6 @@
 """Sweeps of the mma GEMV (kernels/gemv_mma.py), the decode kernel at 1-16 rows, on the GPU machine.
 
-    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab,sets]
+    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab]
 
 Each section times variants with bench/gemv_sweep.py's section_gemv (CUDA-graph cold-L2 times, each output checked
 against an fp32 reference, geomean x bf16 F.linear over the dense shapes of bench/kernels.py). mma: the kernel's
@@ -8,8 +8,9 @@ variants at M = 1 against the tile and TMA configs. m16mt: 9 and 16 rows with 1 
 shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
 A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint
-and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating; sets: with two
-accumulator sets. (The adjacent-nibble decode the thirtieth session measured with wide and ab is at commit cb3ff11.)
+and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating. (The adjacent-nibble
+decode the thirtieth session measured with wide and ab is at commit cb3ff11; the two accumulator chains of the
+thirty-third session, GemvConfig.mma_acc_sets and mma_split_tile with the sets section, at d8e302e.)
 (These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before it cite them
 there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
 """
@@ -177,22 +178,6 @@ def section_ab(deadline: float) -> None:
                  (1, 8, 9, 16))
 
 
-def section_sets(deadline: float) -> None:
-    """The dispatch at 1, 8 and 16 rows against itself with its mmas in two independent accumulator chains: each K
-    tile's word halves (GemvConfig.mma_split_tile), or a step's two K tiles (mma_acc_sets, uncapped and capped at the
-    shipped 80 registers; at 16 rows, one K tile a step, those two time the shipped config)."""
-    _dispatch_ab(deadline, {"shipped": {}, "split": dict(mma_split_tile=True), "sets2": dict(mma_acc_sets=2),
-                            "sets2-r80": dict(mma_acc_sets=2, maxnreg=80)}, (1, 8, 16))
-
-
-def _changed(cfg: GemvConfig, change: dict) -> GemvConfig:
-    """cfg with the fields of `change`, or cfg itself where they do not apply to it (GemvConfig refuses them)."""
-    try:
-        return replace(cfg, **change)
-    except ValueError:
-        return cfg
-
-
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:
     """The dispatch at `rows` rows against itself with its mma configs changed by each of `variants` (GemvConfig
     fields); three alternating rounds in one process, median graph_us, each output checked. Shapes the mma GEMV does
@@ -210,7 +195,7 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
                 if cfg is not None and cfg.mma:
-                    runs = {name: functools.partial(gs.run_gemv, x, w, _changed(cfg, change))
+                    runs = {name: functools.partial(gs.run_gemv, x, w, replace(cfg, **change))
                             for name, change in variants.items()}  # fmt: skip
                 else:  # (the dispatch, unchanged, in every variant's place)
                     runs = {name: functools.partial(kernels.int4_linear, x, packed) for name in variants}
@@ -233,7 +218,7 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
 def main() -> None:
     sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
                 "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide,
-                "ab": section_ab, "sets": section_sets}
+                "ab": section_ab}
     bk.run_sweep(__doc__, "mma_sweep.py", say, sections, "shapes")
 
 

@@ -125,11 +125,6 @@ class GemvConfig:
     # lane t of a quad takes words 2t, 2t + 1, 2t + 8, 2t + 9 of a row's K tile instead of 4t..4t+3: half the L1
     # wavefronts for the activations, twice for the weights (gemv_mma._load_w_asm)
     mma_word_pairs: bool = False
-    # independent mma accumulator chains: mma_acc_sets (1 or 2, at most mma_tiles) sets a row tile, K tile u of a step
-    # adding into set u % sets, summed after the loop (gemv_mma.mma_step); mma_split_tile: each K tile's words 2-3
-    # into registers of their own, added at the tile's end (gemv_mma.tile_asm's split)
-    mma_acc_sets: int = 1
-    mma_split_tile: bool = False
 
     @property
     def launch_options(self) -> dict:
@@ -149,8 +144,6 @@ class GemvConfig:
             raise ValueError(f"GemvConfig with mma=True takes block_n 16 or 32, got {self.block_n}")
         if self.mma_tiles not in (1, 2, 4) or self.l2_prefetch not in (0, 64, 128, 256):
             raise ValueError("GemvConfig.mma_tiles must be 1, 2 or 4 and l2_prefetch 0, 64, 128 or 256")
-        if self.mma_acc_sets not in (1, 2) or self.mma_acc_sets > self.mma_tiles:
-            raise ValueError("GemvConfig.mma_acc_sets must be 1 or 2, and at most mma_tiles (one set a K tile)")
         if self.k_iters < 0 or self.programs_per_sm < 1:
             raise ValueError("GemvConfig.k_iters must be >= 0 and programs_per_sm >= 1")
         # 255: the hardware's maximum per thread; 24: setmaxnreg's floor (no kernel here fits below it unspilled)

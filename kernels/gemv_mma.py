@@ -72,13 +72,11 @@ def _decode(word: str, out: str) -> str:
 
 
 @functools.cache
-def tile_asm(nt: int, pairs: bool, split: bool = False) -> str:
+def tile_asm(nt: int, pairs: bool) -> str:
     """PTX: one row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
     activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their scales: bf16 g, g + 8,
     or with `pairs` bf16x2 (the scale twice) of g's first and second pair of words, then g + 8's; per n8 tile, x as
-    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). With `split` words 2 and 3 accumulate into registers
-    of their own, added to d at the end: two chains of 4 mmas per n8 tile instead of one of 8 (an mma waits for the
-    one before it on the same accumulators). The kernels take it as their TILE constexpr."""
+    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). The kernels take it as their TILE constexpr."""
     words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + (12 if pairs else 10)
     cs = xs + 16 * nt
     lines = ["{", ".reg .b32 w, one, off, nz, slo, shi, a<4>, b<4>, x<4>;",
@@ -86,15 +84,12 @@ def tile_asm(nt: int, pairs: bool, split: bool = False) -> str:
     if not pairs:
         lines += [f"mov.b32 slo, {{${scales}, ${scales}}};", f"mov.b32 shi, {{${scales + 1}, ${scales + 1}}};"]
     lines += [f"mov.f32 ${i}, ${cs + i};" for i in range(4 * nt)]
-    if split:
-        lines += [f".reg .f32 e<{4 * nt}>;"] + [f"mov.f32 e{i}, 0f00000000;" for i in range(4 * nt)]
     for w in range(4):
         lo, hi = (f"${scales + w // 2}", f"${scales + 2 + w // 2}") if pairs else ("slo", "shi")
         lines.append(_decode(f"${words + w}", "a").replace("{s2}", lo))
         lines.append(_decode(f"${words + 4 + w}", "b").replace("{s2}", hi))
         for j in range(nt):
-            acc = (f"e{4 * j + i}" for i in range(4)) if split and w >= 2 else (f"${4 * j + i}" for i in range(4))
-            d = "{" + ", ".join(acc) + "}"
+            d = f"{{${4 * j}, ${4 * j + 1}, ${4 * j + 2}, ${4 * j + 3}}}"
             mma = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}"
             r0, r1, r2, r3 = (f"${xs + 16 * j + 4 * w + i}" for i in range(4))  # x[8w .. 8w+7] as pairs
             lines += [
@@ -106,8 +101,6 @@ def tile_asm(nt: int, pairs: bool, split: bool = False) -> str:
             # a0/a2: row g at k (2t, 2t+1) / (2t+8, 2t+9), a1/a3 the same for row g + 8; b0/b1 x at those k.
             lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{x0, x1}}, {d};")
             lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{x2, x3}}, {d};")
-    if split:
-        lines += [f"add.f32 ${i}, ${i}, e{i};" for i in range(4 * nt)]
     lines.append("}")
     return "\n".join(lines)
 
@@ -299,13 +292,12 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, SETS: tl.constexpr):  # fmt: skip
+                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
-    tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait). SETS
-    (GemvConfig.mma_acc_sets): accumulator sets a row tile, summed at the end."""
+    tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
     x_nxt = _load_xs(x_lane, U, NT, PAIRS)
-    acc = zero_accumulators(MT * SETS, NT, NW)
+    acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
     # 128 contiguous bytes (two 64-byte halves of a line) in one step. The last step, which loads nothing, is
     # peeled off, so no load here is predicated. The next step's loads follow this step's products in the source:
@@ -316,44 +308,26 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
         w_lane = _advance(w_lane, U * _W_BYTES)
         s_lane = _advance(s_lane, U * (_TILE_K // GROUP) * 2)
         x_lane = _advance(x_lane, U * _X_BYTES)
-        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE, SETS)
+        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
         nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
         x_nxt = _load_xs(x_lane, U, NT, PAIRS)
-    acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE, SETS)
-    out = ()
-    for m in tl.static_range(MT):
-        a = acc[m * SETS]
-        for s in tl.static_range(1, SETS):
-            a = _add(a, acc[m * SETS + s])
-        out = out + (a,)
-    return out
-
-
-@triton.jit
-def _add(a, b):
-    """Elementwise sum of two tuples of registers."""
-    out = ()
-    for i in tl.static_range(len(a)):
-        out = out + (a[i] + b[i],)
-    return out
+    return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
 
 
 @triton.jit
 def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, PAIRS: tl.constexpr,
-             TILE: tl.constexpr, SETS: tl.constexpr):
-    """One step's products: accumulator set u % SETS of row tile m (acc[m * SETS + u % SETS]) += row tile m of K tile
-    u (w: _load_weights') x the activations xv (_load_xs'). With two sets the step's mmas form two independent
-    chains, each half as long (an mma waits for the one before it on the same accumulators)."""
+             TILE: tl.constexpr):
+    """One step's products: acc[m] += row tile m of each of the U K tiles (w: _load_weights') x the activations xv
+    (_load_xs')."""
     new = ()
     for m in tl.static_range(MT):
-        for s in tl.static_range(SETS):
-            a = acc[m * SETS + s]
-            for u in tl.static_range(s, U, SETS):
-                if NT == 1:
-                    a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS, TILE)
-                else:
-                    a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS, TILE)
-            new = new + (a,)
+        a = acc[m]
+        for u in tl.static_range(U):
+            if NT == 1:
+                a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS, TILE)
+            else:
+                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS, TILE)
+        new = new + (a,)
     return new
 
 
@@ -402,7 +376,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
                      STAMPS: tl.constexpr, DIRECT: tl.constexpr, PAIRS: tl.constexpr, STRIDE_W: tl.constexpr,
-                     STRIDE_S: tl.constexpr, TILE: tl.constexpr, SETS: tl.constexpr):  # fmt: skip
+                     STRIDE_S: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -425,7 +399,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, PAIRS, TILE, SETS)
+                           NW, PAIRS, TILE)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -502,5 +476,4 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
                 STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
-                TILE=tile_asm(nt, cfg.mma_word_pairs, cfg.mma_split_tile),
-                SETS=cfg.mma_acc_sets)  # fmt: skip
+                TILE=tile_asm(nt, cfg.mma_word_pairs))  # fmt: skip

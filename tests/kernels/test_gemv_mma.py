@@ -38,8 +38,6 @@ def test_warps_split_k_evenly_and_fill_the_sms():
         GemvConfig(16, 64, 128, mma=True)
     with pytest.raises(ValueError, match="mma_tiles"):
         GemvConfig(16, 16, 128, mma=True, mma_tiles=3)
-    with pytest.raises(ValueError, match="mma_acc_sets"):
-        GemvConfig(16, 16, 128, mma=True, mma_acc_sets=2)  # one K tile a step: nothing for a second set
 
 
 def test_the_mma_kernel_serves_only_what_it_reads():
@@ -54,8 +52,7 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 
 @pytest.mark.usefixtures("cpu_kernels")
 @pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
-                                  "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64", "two-acc-sets",
-                                  "two-acc-sets-two-rowtiles"])
+                                  "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -71,10 +68,6 @@ def test_mma_gemv_under_the_interpreter(case):
                                                       mma_word_pairs=True), "int4-g128"),
         "pairs-one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_word_pairs=True), "int4"),
         "pairs-g64": (32, 512, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_word_pairs=True), "int4-g64"),
-        # K tile u of a step into accumulator set u % 2 (three steps a warp: both sets summed after the loop)
-        "two-acc-sets": (32, 768, GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_tiles=2, mma_acc_sets=2), "int4"),
-        "two-acc-sets-two-rowtiles": (64, 1024, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2,
-                                                           mma_acc_sets=2), "int4"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -117,9 +110,6 @@ CASES = {  # name: (format, N, K, config)
     "two-rowtiles": ("int4", 272 + 16, 1536, GemvConfig(16, 32, 128, mma=True, num_warps=4)),
     "one-warp": ("int4", 64, 256, GemvConfig(16, 32, 128, mma=True, num_warps=1)),
     "16-warps": ("int4", 1024, 4096, GemvConfig(16, 32, 128, mma=True, num_warps=16, programs_per_sm=64)),
-    "two-acc-sets": ("int4", 4096, 4096, replace(_MMA, mma_acc_sets=2)),
-    "split-tiles": ("int4", 4096, 4096, replace(configs._GEMV_MMA_ONE_TILE, mma_word_pairs=True, mma_split_tile=True)),
-    "split-two-tile-steps": ("int4", 2048, 4096, replace(_MMA, mma_split_tile=True)),
     "4-tile-steps-l2-256": ("int4", 512, 2048, replace(_MMA, mma_tiles=4, l2_prefetch=256)),
     "2-tile-steps-l2-128": ("int4-g128", 2048, 1024, replace(_MMA, mma_tiles=2, l2_prefetch=128, block_n=32)),
     "pairs-shipped": ("int4", 6144, 4096, replace(_MMA, mma_word_pairs=True)),
