@@ -83,10 +83,40 @@ def check_keys(node: dict, schema: type, prefix: str = "") -> None:
     hints = typing.get_type_hints(schema)
     for key, value in node.items():
         if key not in fields:
-            raise ValueError(f"unknown config key '{prefix}{key}'; valid keys here: {sorted(fields)}")
+            raise ValueError(unknown_key(prefix + key, fields))
         sub = hints[key]
         if dataclasses.is_dataclass(sub) and isinstance(value, dict):
             check_keys(value, sub, f"{prefix}{key}.")
+
+
+def unknown_key(full_key: str, fields) -> str:
+    return f"unknown config key '{full_key}'; valid keys here: {sorted(fields)}"
+
+
+def explain(error: Exception) -> str:
+    """A configuration error in one message. Hydra's text for a bad override keeps what was wrong in __cause__
+    ("Error merging override optim.lr=fast" hides "'fast' could not be converted to Float"), and for a misspelled key
+    it suggests `+key=value`, which check_keys refuses: name the key and the valid ones instead."""
+    import dataclasses
+    import typing
+
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    from .experiment import ExperimentConfig
+
+    cause = error.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
+        parts, schema = cause.full_key.split("."), ExperimentConfig
+        for i, part in enumerate(parts):  # down the schema to the first key that is not a field
+            fields = [f.name for f in dataclasses.fields(schema)]
+            if part not in fields:
+                return unknown_key(".".join(parts[: i + 1]), fields)
+            schema = typing.get_type_hints(schema)[part]
+            if not dataclasses.is_dataclass(schema):
+                break
+    if isinstance(cause, OmegaConfBaseException):
+        return f"{str(error).splitlines()[0]}: {str(cause).splitlines()[0]}"
+    return str(error)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, yaml = compose(argv)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
-        print(f"orbit-rl: bad configuration: {e}\nSee `orbit-rl mode=print_config` for every key and "
+        print(f"orbit-rl: bad configuration: {explain(e)}\nSee `orbit-rl mode=print_config` for every key and "
               f"configs/ for the choices of each group.", file=sys.stderr)
         return 2
 

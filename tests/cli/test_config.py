@@ -47,6 +47,14 @@ def test_print_config_subcommand():
     ("algo.advantage=ppo2", "algo.advantage='ppo2' is not one of"),
     ("mode=fly", "mode='fly' is not one of"),
     ("rollout.decode_steps=0", "rollout.decode_steps must be >= 1"),
+    # Hydra's own text for these hides the key or value at fault in its cause, or suggests `+key=value`
+    ("trainer.max_step=3", "unknown config key 'trainer.max_step'; valid keys here: ['accelerator'"),
+    ("rollout.bogus.x=1", "unknown config key 'rollout.bogus'"),
+    ("optim.lr=fast", "'fast' of type 'str' could not be converted to Float"),
+    ("experiment=smok", "Could not find 'experiment/smok'"),
+    ("rollout.temperature=-1", "rollout.temperature must be a finite number >= 0"),
+    ("rollout.eval_temperature=-1", "rollout.eval_temperature must be a finite number >= 0"),
+    ("rollout.top_p=0", "rollout.top_p must be in (0, 1]"),
 ])
 def test_bad_config_fails_at_startup_with_a_clear_message(arg, message):
     out = run_cli(arg)

@@ -44,6 +44,16 @@ class RolloutConfig:
             raise ValueError(f"rollout.group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # The engine checks each request's sampling with these rules (SamplingParams.problem), but only when it
+        # takes the request: a bad value here would fail every prompt of the run, so refuse it at startup.
+        from ..rollout.params import SamplingParams
+
+        for key, temperature in (("temperature", self.temperature), ("eval_temperature", self.eval_temperature)):
+            problem = SamplingParams(temperature=temperature, top_p=self.top_p, top_k=self.top_k,
+                                     stop_token_ids=list(self.stop_token_ids)).problem(has_tokenizer=False)
+            if problem:  # (its messages start with SamplingParams' field name)
+                raise ValueError("rollout." + (key + problem.removeprefix("temperature")
+                                               if problem.startswith("temperature") else problem))
         if self.decode_steps is not None and self.decode_steps < 1:
             raise ValueError(f"rollout.decode_steps must be >= 1 (or null for the device default), got "
                              f"{self.decode_steps}")
