@@ -2,7 +2,7 @@
 
 from .adapter_push import AdapterPush
 from .evaluation import EvalCallback
-from .failsafe import FailSafe
+from .failsafe import FailSafe, RunInterrupted
 from .memory import MemoryTracker
 
-__all__ = ["AdapterPush", "EvalCallback", "FailSafe", "MemoryTracker"]
+__all__ = ["AdapterPush", "EvalCallback", "FailSafe", "MemoryTracker", "RunInterrupted"]

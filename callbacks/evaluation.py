@@ -33,7 +33,9 @@ class EvalCallback(L.Callback):
                 f.write(json.dumps({"rl_step": pl_module.rl_step, **row}) + "\n")
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
-        if not any(h["rl_step"] == pl_module.rl_step for h in self.history):
+        # Before the first step only: a resumed run evaluates where an uninterrupted one would, so its history and
+        # metrics.csv match that run's.
+        if pl_module.rl_step == 0 and not self.history:
             self._run(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:

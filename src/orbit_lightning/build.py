@@ -20,10 +20,19 @@ def resolve_model_path(path: str) -> str:
     return str(SHIPPED_MODELS[path]) if path in SHIPPED_MODELS else path
 
 
-def resolve_device(device: str) -> torch.device:
+def resolve_device(device: str, key: str = "model.device") -> torch.device:
+    """The torch device of a config value (`key` names it in errors): auto is CUDA when torch sees a GPU."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    d = torch.device(device)
+    try:
+        d = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"{key}={device!r} is not a device: use auto, cpu, cuda or cuda:N ({e})") from None
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{key}={device!r} but torch sees no CUDA GPU (torch {torch.__version__}, CUDA build: "
+                         f"{torch.version.cuda}); use {key}=cpu or auto")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ValueError(f"{key}={device!r} but torch sees {torch.cuda.device_count()} GPU(s)")
     # Lightning's single-device strategies need an explicit CUDA index.
     return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
 
@@ -77,8 +86,9 @@ def build_tokenizer(spec: ModelSpec):
     return CharTokenizer()
 
 
-def build_data(spec: DataSpec, tokenizer: Any, seed: int):
-    """-> (PromptDataModule, eval items as dataset rows)."""
+def build_data(spec: DataSpec, tokenizer: Any, seed: int, context: int | None = None):
+    """-> (PromptDataModule, eval items as dataset rows). context: the model's max_position_embeddings, which bounds
+    the prompts kept: the engine refuses a prompt that leaves no room to generate."""
     from .data import PromptDataModule, PromptDataset, load_rows, make_arithmetic_split, train_eval_split
     from .data.tasks import ArithmeticTaskConfig
 
@@ -92,7 +102,11 @@ def build_data(spec: DataSpec, tokenizer: Any, seed: int):
         if not rows:
             raise ValueError(f"data.source={spec.source!r} holds no rows")
         train_rows, eval_rows = train_eval_split(rows, eval_size=min(spec.eval_size, len(rows) // 2), seed=seed)
-    kw = dict(tokenizer=tokenizer, max_prompt_tokens=spec.max_prompt_tokens, prompt_key=spec.prompt_key,
+    limit = spec.max_prompt_tokens if context is None else min(spec.max_prompt_tokens, context - 1)
+    if limit < spec.max_prompt_tokens:
+        log.info("data.max_prompt_tokens=%d exceeds the model's context of %d tokens: prompts of up to %d are kept",
+                 spec.max_prompt_tokens, context, limit)
+    kw = dict(tokenizer=tokenizer, max_prompt_tokens=limit, prompt_key=spec.prompt_key,
               answer_key=spec.answer_key)
     train, evals = PromptDataset(train_rows, **kw), PromptDataset(eval_rows, **kw)
     dm = PromptDataModule(train, evals, prompts_per_step=spec.prompts_per_step, seed=seed)
@@ -106,12 +120,16 @@ def build_rewards(spec: RewardSpec):
                         max_workers=spec.max_workers)
 
 
-def build_logger(cfg: ExperimentConfig, run_dir: Path):
+def build_logger(cfg: ExperimentConfig, run_dir: Path, resumed_rl_step: int | None = None):
+    """resumed_rl_step: the RL step of the checkpoint a run resumes from (None: a new run), up to which the CSV
+    logger keeps the rows already in metrics.csv."""
     from lightning.pytorch import loggers
 
     kind = cfg.logger.kind
     if kind == "csv":
-        return loggers.CSVLogger(run_dir, name="", version="")
+        from .csv_log import ResumedCSVLogger
+
+        return ResumedCSVLogger(run_dir, resumed_rl_step)
     if kind == "tensorboard":
         return loggers.TensorBoardLogger(run_dir, name="", version="")
     import os

@@ -32,9 +32,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None):
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {path} does not exist; pass trainer.resume=<path to a .ckpt> "
-                                    "or trainer.resume=auto to use <output_dir>/checkpoints/last.ckpt when present")
+            raise FileNotFoundError(f"checkpoint {path} does not exist; pass trainer.resume=<path to a .ckpt> or "
+                                    "trainer.resume=auto (the newer of <output_dir>/checkpoints/{last,crash}.ckpt)")
         try:
-            return torch.load(path, map_location=map_location or "cpu", weights_only=False)
+            checkpoint = torch.load(path, map_location=map_location or "cpu", weights_only=False)
         except Exception as e:  # a truncated or foreign file
             raise ValueError(f"cannot read checkpoint {path}: {e} (corrupt or not a checkpoint?)") from e
+        if not isinstance(checkpoint, dict) or "global_step" not in checkpoint:  # e.g. an adapter's safetensors
+            raise ValueError(f"{path} is not a training checkpoint (no global_step); pass a .ckpt from "
+                             "<output_dir>/checkpoints, or trainer.resume=auto")
+        return checkpoint
+
+
+def checkpoint_step(path) -> int:
+    """The optimizer steps a training checkpoint holds; a missing, corrupt or foreign file is a clear error."""
+    return int(AtomicCheckpointIO().load_checkpoint(path)["global_step"])

@@ -100,11 +100,14 @@ def explain(error: Exception) -> str:
     import dataclasses
     import typing
 
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
     from .experiment import ExperimentConfig
 
     cause = error.__cause__
+    missing = error if isinstance(error, MissingMandatoryValue) else cause
+    if isinstance(missing, MissingMandatoryValue) and missing.full_key:  # a group's `???` left unset
+        return f"{missing.full_key} has no value; set it: {missing.full_key}=<value>"
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
         parts, schema = cause.full_key.split("."), ExperimentConfig
         for i, part in enumerate(parts):  # down the schema to the first key that is not a field
@@ -117,6 +120,23 @@ def explain(error: Exception) -> str:
     if isinstance(cause, OmegaConfBaseException):
         return f"{str(error).splitlines()[0]}: {str(cause).splitlines()[0]}"
     return str(error)
+
+
+def keep_traceback(error: BaseException, run_dir: Path) -> str:
+    """Write the error's traceback to <run_dir>/error.log, so the console ends on the one line that says what was
+    wrong; returns where it went, or the traceback itself when the file cannot be written (ORBIT_TRACEBACK=1: both)."""
+    import os
+    import traceback
+
+    text = "".join(traceback.format_exception(error))
+    if os.environ.get("ORBIT_TRACEBACK") == "1":
+        return text
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.log").write_text(text)
+    except OSError:
+        return text
+    return f"(traceback in {run_dir / 'error.log'}; ORBIT_TRACEBACK=1 prints it here)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from . import train
+    from .callbacks import RunInterrupted
 
     if cfg.mode == "print_config":
         print(yaml)
@@ -150,7 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         print(plan_memory(cfg))
         return 0
     runner = {"train": train.run_train, "eval": train.run_eval, "pretrain": train.run_pretrain}[cfg.mode]
-    result = runner(cfg)
+    try:
+        result = runner(cfg)
+    except RunInterrupted as e:  # SIGTERM / Ctrl-C at a step boundary, checkpointed (callbacks.FailSafe)
+        print(f"orbit-rl: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except Exception as e:
+        print(f"orbit-rl: {type(e).__name__}: {e}\n{keep_traceback(e, Path(cfg.trainer.output_dir))}",
+              file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=2, default=str))
     if cfg.mode == "train":
         print(f"\nreport: {result.get('report_png')}\nmetrics: {result['metrics_csv']}\nadapter: {result['adapter']}"

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import MISSING
+
 from .algorithms.config import AlgoConfig
 from .rl.config import OptimConfig, RolloutConfig
 
@@ -34,7 +36,7 @@ class AdapterSpec:
 
 @dataclass
 class RewardFnSpec:
-    name: str = "arithmetic_exact"
+    name: str = "arithmetic_exact"  # a registered reward, or an import path: my_pkg.my_module:my_reward
     weight: float = 1.0
 
 
@@ -47,7 +49,9 @@ class RewardSpec:
 
 @dataclass
 class DataSpec:
-    source: str = "arithmetic"  # "arithmetic" (built-in task) or a .jsonl/.json file or a datasets directory
+    # "arithmetic" (built-in task) or a .jsonl/.json file or a datasets directory. No default: the data group sets it
+    # (OmegaConf keeps a default over a group's `???`, so data=jsonl without data.source trained on arithmetic).
+    source: str = MISSING
     prompts_per_step: int = 16
     prompt_key: str = "prompt"
     answer_key: str = "answer"
@@ -77,7 +81,7 @@ class TrainerSpec:
     accelerator: str = "auto"
     seed: int = 0
     output_dir: str = "runs/${name}"
-    resume: str | None = None  # a checkpoint path, or "auto" = last.ckpt in output_dir if present
+    resume: str | None = None  # a checkpoint path, or "auto": the newer of checkpoints/{last,crash}.ckpt, if any
     threads: int | None = None  # torch CPU threads (default: torch's choice)
     report: bool = True
 
@@ -133,8 +137,13 @@ class ExperimentConfig:
             raise ValueError(f"logger.kind={self.logger.kind!r} must be csv, tensorboard or wandb")
         if self.strategy.name not in ("colocated", "dedicated"):
             raise ValueError(f"strategy.name={self.strategy.name!r} must be 'colocated' or 'dedicated'")
+        if self.strategy.name == "dedicated" and not self.strategy.rollout_device:
+            raise ValueError("strategy=dedicated needs strategy.rollout_device (e.g. cuda:1)")
         if self.model.expert_chunk < 0 or self.model.expert_chunk_mib < 1:
             raise ValueError(f"model.expert_chunk must be >= 0 (0: as many as fit) and model.expert_chunk_mib >= 1, "
                              f"got {self.model.expert_chunk} and {self.model.expert_chunk_mib}")
+        if self.data.source in ("", MISSING):
+            raise ValueError("data.source is required: arithmetic (data=arithmetic), or a .jsonl/.json file or a "
+                             "datasets directory (data=jsonl data.source=PATH)")
         for c in (self.algo, self.optim, self.rollout, self.trainer):
             c.validate()

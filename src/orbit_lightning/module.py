@@ -30,6 +30,7 @@ from .rl.phases import PhaseTimer
 log = logging.getLogger(__name__)
 
 _ADDITIVE_METRICS = {"loss/policy", "loss/kl", "entropy"}
+FAILED_REWARD_BATCHES = 3  # reward batches in a row whose every call failed, after which the run stops
 
 
 class RLModule(L.LightningModule):
@@ -59,6 +60,7 @@ class RLModule(L.LightningModule):
         self.last_eval: dict[str, float] = {}
         self._refill_sampler = None  # DAPO dynamic sampling's extra prompts (seeded, checkpointed)
         self._refill_state: dict | None = None
+        self._failed_reward_batches = 0
 
     # ---- setup -------------------------------------------------------------------------------------
 
@@ -140,12 +142,27 @@ class RLModule(L.LightningModule):
         prompts = [it["prompt"] for it, _ in rows]
         result = self.compute_rewards(prompts, texts, [{**it.get("metadata", {}), "answer": it.get("answer")}
                                                        for it, _ in rows])
+        self._count_failed_rewards(result)
         samples = Samples(prompt_ids=[it["prompt_ids"] for it, _ in rows],
                           completion_ids=[list(c.token_ids) for _, c in rows],
                           logprobs=[list(c.logprobs) for _, c in rows], prompts=prompts, completions=texts,
                           versions=[-1 if c.adapter_version is None else int(c.adapter_version) for _, c in rows],
                           rewards=result.rewards.float(), valid=result.valid.bool(), per_function=result.per_function)
         return samples, len(rejected)
+
+    def _count_failed_rewards(self, result: RewardResult) -> None:
+        """A batch whose every reward failed trains nothing (its samples are masked): one is a passing outage, but
+        FAILED_REWARD_BATCHES in a row is a broken reward, and the run stops (FailSafe checkpoints it) rather than
+        "succeed" having learnt nothing."""
+        if bool(result.valid.any()):
+            self._failed_reward_batches = 0
+            return
+        self._failed_reward_batches += 1
+        if self._failed_reward_batches >= FAILED_REWARD_BATCHES:
+            first = result.failures[0] if result.failures else "every reward was NaN"
+            raise RuntimeError(f"every reward call failed in {self._failed_reward_batches} reward batches in a row "
+                               f"(rl_step {self.rl_step}), e.g. {first}; fix the reward function (reward=...) or "
+                               "its server, then resume with trainer.resume=auto")
 
     def collect(self, items: list[dict]) -> tuple[Experience, dict[str, float]]:
         """Rollout + rewards -> an Experience (without advantages/log-probs yet).

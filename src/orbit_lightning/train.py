@@ -15,20 +15,19 @@ from .experiment import ExperimentConfig
 log = logging.getLogger(__name__)
 
 
-def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[dict], model_factory):
+def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[dict], model_factory,
+                 resume: str | None = None):
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .callbacks import AdapterPush, EvalCallback, FailSafe, MemoryTracker
-    from .checkpoint_io import AtomicCheckpointIO
+    from .checkpoint_io import AtomicCheckpointIO, checkpoint_step
     from .strategies import ColocatedRLStrategy, DedicatedRolloutStrategy
 
     device = resolve_device(cfg.model.device)
-    if cfg.strategy.name == "dedicated":
-        if cfg.strategy.rollout_device is None:
-            raise ValueError("strategy=dedicated needs strategy.rollout_device (e.g. cuda:1)")
-        strategy = DedicatedRolloutStrategy(device, torch.device(cfg.strategy.rollout_device), model_factory,
-                                            checkpoint_io=AtomicCheckpointIO())
+    if cfg.strategy.name == "dedicated":  # (ExperimentConfig.validate made sure rollout_device is set)
+        rollout_device = resolve_device(cfg.strategy.rollout_device, "strategy.rollout_device")
+        strategy = DedicatedRolloutStrategy(device, rollout_device, model_factory, checkpoint_io=AtomicCheckpointIO())
     else:
         strategy = ColocatedRLStrategy(device=device, checkpoint_io=AtomicCheckpointIO())
     # Two Lightning warnings about what this loop does on purpose: the model sits in eval mode outside its updates
@@ -37,6 +36,7 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
     warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
     opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
+    resumed_rl_step = checkpoint_step(resume) // opt_steps if resume else None
     ckpt_dir = run_dir / "checkpoints"
     t = cfg.trainer
     evals = [EvalCallback(eval_items, every_n_steps=t.eval_every, k=cfg.rollout.eval_k, max_items=t.eval_max_items,
@@ -51,7 +51,8 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     ]
     return L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, strategy=strategy,
-        max_steps=cfg.trainer.max_steps * opt_steps, logger=build_logger(cfg, run_dir), callbacks=callbacks,
+        max_steps=cfg.trainer.max_steps * opt_steps, logger=build_logger(cfg, run_dir, resumed_rl_step),
+        callbacks=callbacks,
         default_root_dir=run_dir, limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=1,
         enable_model_summary=False, deterministic=False,
     )
@@ -59,9 +60,13 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
 
 def resolve_resume(cfg: ExperimentConfig, run_dir: Path) -> str | None:
     r = cfg.trainer.resume
-    if r == "auto":
-        last = run_dir / "checkpoints" / "last.ckpt"
-        return str(last) if last.is_file() else None
+    if r == "auto":  # the newer of the periodic checkpoint and the one a failure or signal wrote (callbacks.FailSafe)
+        found = [p for p in (run_dir / "checkpoints" / n for n in ("last.ckpt", "crash.ckpt")) if p.is_file()]
+        if not found:
+            return None
+        newest = max(found, key=lambda p: p.stat().st_mtime)
+        log.info("trainer.resume=auto: resuming from %s", newest)
+        return str(newest)
     if r is not None and not Path(r).is_file():
         raise FileNotFoundError(f"trainer.resume={r!r}: no such checkpoint file")
     return r
@@ -78,18 +83,30 @@ def run_train(cfg: ExperimentConfig) -> dict:
     run_dir = Path(cfg.trainer.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     resume = resolve_resume(cfg, run_dir)  # fail before loading anything
+    resolve_device(cfg.model.device)
+    if cfg.strategy.name == "dedicated":
+        resolve_device(cfg.strategy.rollout_device, "strategy.rollout_device")
+    rewards = build_rewards(cfg.reward)  # an unknown name or import path fails here too
+    model = build_model(cfg.model, cfg.adapter)  # (first: a wrong model.path is named before any tokenizer warning)
     tokenizer = build_tokenizer(cfg.model)
-    model = build_model(cfg.model, cfg.adapter)
-    dm, eval_items = build_data(cfg.data, tokenizer, cfg.trainer.seed)
+    dm, eval_items = build_data(cfg.data, tokenizer, cfg.trainer.seed, model.config.max_position_embeddings)
 
     def rollout_model(device: torch.device):
         spec = type(cfg.model)(**{**asdict(cfg.model), "device": str(device)})
         return build_model(spec, cfg.adapter)
 
-    module = RLModule(model, tokenizer, rewards=build_rewards(cfg.reward), algo=cfg.algo, rollout=cfg.rollout,
-                      optim=cfg.optim, seed=cfg.trainer.seed)
-    trainer = make_trainer(cfg, module, run_dir, eval_items, rollout_model)
-    trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    module = RLModule(model, tokenizer, rewards=rewards, algo=cfg.algo, rollout=cfg.rollout, optim=cfg.optim,
+                      seed=cfg.trainer.seed)
+    trainer = make_trainer(cfg, module, run_dir, eval_items, rollout_model, resume)
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    except SystemExit:  # Lightning's SIGTERMException: FailSafe checkpointed the step and says which signal
+        from .callbacks import FailSafe
+
+        stopped = next(c.interrupted for c in trainer.callbacks if isinstance(c, FailSafe))
+        if stopped is None:
+            raise
+        raise stopped from None
 
     adapter_dir = save_adapter(model, run_dir / "adapter", base_model_name_or_path=cfg.model.path)
     eval_cb = next((c for c in trainer.callbacks if type(c).__name__ == "EvalCallback"), None)
@@ -106,13 +123,14 @@ def run_eval(cfg: ExperimentConfig) -> dict:
     from . import load_adapter
     from .module import RLModule
 
-    tokenizer = build_tokenizer(cfg.model)
+    rewards = build_rewards(cfg.reward)  # before anything loads
     model = build_model(cfg.model, None if cfg.adapter_path else cfg.adapter)
+    tokenizer = build_tokenizer(cfg.model)
     if cfg.adapter_path:
         load_adapter(model, cfg.adapter_path)
-    _, eval_items = build_data(cfg.data, tokenizer, cfg.trainer.seed)
-    module = RLModule(model, tokenizer, rewards=build_rewards(cfg.reward), algo=cfg.algo, rollout=cfg.rollout,
-                      optim=cfg.optim, seed=cfg.trainer.seed)
+    _, eval_items = build_data(cfg.data, tokenizer, cfg.trainer.seed, model.config.max_position_embeddings)
+    module = RLModule(model, tokenizer, rewards=rewards, algo=cfg.algo, rollout=cfg.rollout, optim=cfg.optim,
+                      seed=cfg.trainer.seed)
     module.engine = module.build_engine()
     metrics, _ = module.evaluate(eval_items[: cfg.trainer.eval_max_items], cfg.rollout.eval_k)
     return metrics

@@ -55,6 +55,8 @@ def test_print_config_subcommand():
     ("rollout.temperature=-1", "rollout.temperature must be a finite number >= 0"),
     ("rollout.eval_temperature=-1", "rollout.eval_temperature must be a finite number >= 0"),
     ("rollout.top_p=0", "rollout.top_p must be in (0, 1]"),
+    ("data=jsonl", "data.source has no value; set it: data.source=<value>"),  # not the default's arithmetic
+    ("strategy.name=dedicated", "strategy=dedicated needs strategy.rollout_device"),
 ])
 def test_bad_config_fails_at_startup_with_a_clear_message(arg, message):
     out = run_cli(arg)
@@ -62,7 +64,40 @@ def test_bad_config_fails_at_startup_with_a_clear_message(arg, message):
     assert "bad configuration" in out.stderr and message in out.stderr, out.stderr
 
 
+def runtime_error(tmp_path, *args: str) -> str:
+    """A run that fails after the configuration is read: exit 1, the console ending on one line that names what was
+    wrong, the traceback kept in <output_dir>/error.log. -> that line."""
+    out = run_cli("experiment=smoke", f"trainer.output_dir={tmp_path}", *args)
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-2]
+    assert out.stderr.strip().endswith(f"(traceback in {tmp_path / 'error.log'}; ORBIT_TRACEBACK=1 prints it here)")
+    assert "Traceback" not in out.stderr and "Traceback" in (tmp_path / "error.log").read_text()
+    return last
+
+
 def test_missing_checkpoint_for_resume(tmp_path):
-    out = run_cli("experiment=smoke", f"trainer.output_dir={tmp_path}", f"trainer.resume={tmp_path}/nope.ckpt")
-    assert out.returncode != 0
-    assert "no such checkpoint file" in out.stderr
+    assert "no such checkpoint file" in runtime_error(tmp_path, f"trainer.resume={tmp_path}/nope.ckpt")
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("reward.functions=[{name: nope, weight: 1.0}]", "unknown reward 'nope'; registered: arithmetic_exact"),
+    ("reward.functions=[{name: 'no_such_module:score', weight: 1.0}]", "cannot import 'no_such_module'"),
+    ("model.path=/nonexistent/model", "/nonexistent/model"),
+])
+def test_runtime_errors_name_what_was_wrong(tmp_path, arg, message):
+    assert message in runtime_error(tmp_path, arg)
+
+
+def test_a_reward_by_import_path_trains(tmp_path):
+    (tmp_path / "my_rewards.py").write_text("def odd_length(prompt, completion, metadata):\n"
+                                            "    return float(len(completion) % 2)\n")
+    out = subprocess.run([sys.executable, "-m", "orbit_lightning.cli", "experiment=smoke", "trainer.max_steps=1",
+                          "trainer.output_dir=run", "reward.functions=[{name: 'my_rewards:odd_length', weight: 1.0}]"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "reward/my_rewards:odd_length" in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_device_without_a_gpu_is_named(tmp_path):
+    assert "model.device='cuda' but torch sees no CUDA GPU" in runtime_error(tmp_path, "model.device=cuda")

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import logging
 import math
 
 import pytest
@@ -24,6 +25,11 @@ def _nan_on_even(prompt, completion, metadata):
     return math.nan if len(completion) % 2 == 0 else 0.5
 
 
+@register_reward("test_always_raises", overwrite=True)
+def _always_raises(prompt, completion, metadata):
+    raise ConnectionError("reward server unreachable")
+
+
 def _metrics(run_dir):
     with open(run_dir / "metrics.csv") as f:
         return list(csv.DictReader(f))
@@ -42,6 +48,15 @@ def test_failing_rewards_are_masked_and_the_run_goes_on(reward, tmp_path):
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file() and out["adapter"]
 
 
+def test_a_reward_that_always_fails_stops_the_run_with_a_checkpoint(tmp_path):
+    cfg, _ = compose([*TINY, "trainer.max_steps=6", f"trainer.output_dir={tmp_path}",
+                      "reward.functions=[{name: test_always_raises, weight: 1.0}]"])
+    with pytest.raises(RuntimeError, match="failed in 3 reward batches in a row.*reward server unreachable"):
+        run_train(cfg)
+    assert (tmp_path / "checkpoints" / "crash.ckpt").is_file()  # the two (empty) steps before are kept
+    assert not (tmp_path / "adapter").exists()
+
+
 def test_empty_dataset_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -58,3 +73,18 @@ def test_prompts_longer_than_the_context_are_dropped_with_a_warning(tmp_path, ca
                       "trainer.max_steps=1", f"trainer.output_dir={tmp_path / 'run'}"])
     run_train(cfg)
     assert any("longer than" in r.message or "dropped" in r.message for r in caplog.records)
+
+
+def test_prompts_the_context_cannot_hold_are_dropped_before_the_run(tmp_path, caplog):
+    """data.max_prompt_tokens above the model's context: prompts that leave no room to generate are dropped when the
+    data loads (the engine would refuse each, every step)."""
+    rows = [{"prompt": "1+1=", "answer": "2"}] * 6 + [{"prompt": "1+" * 40 + "1=", "answer": "41"}] * 6
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg, _ = compose([*TINY, "+model.overrides.max_position_embeddings=48", f"data.source={data}",
+                      "data.max_prompt_tokens=512", "data.eval_size=2", "trainer.max_steps=1",
+                      f"trainer.output_dir={tmp_path / 'run'}"])
+    caplog.set_level(logging.INFO)
+    run_train(cfg)
+    assert "data.max_prompt_tokens=512 exceeds the model's context of 48 tokens" in caplog.text
+    assert "dropped" in caplog.text and "rejected by the rollout engine" not in caplog.text

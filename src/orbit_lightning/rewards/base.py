@@ -6,21 +6,42 @@ dataset row's extra fields (``metadata["answer"]`` for verifiable tasks). Regist
     @register_reward("my_reward")
     def my_reward(prompt: str, completion: str, metadata: dict) -> float: ...
 
-and refer to it by name in ``RewardRunner`` specs or the ``reward/`` configs.
+and refer to it by name in ``RewardRunner`` specs or the ``reward/`` configs. A config can also name a function by
+import path, ``package.module:function`` (importable from PYTHONPATH or the working directory), with no registration.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..registry import Registry
+from ..registry import Registry, UnknownNameError
 
 RewardFn = Callable[[str, str, dict[str, Any]], float]
 
 REWARDS: Registry[RewardFn] = Registry("reward")
 register_reward = REWARDS.register  # decorator: @register_reward("name") def fn(prompt, completion, metadata)
-get_reward = REWARDS.lookup
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward registered as `name`, or the function at import path `package.module:function`."""
+    if name in REWARDS or ":" not in name:
+        return REWARDS.lookup(name)
+    module_name, _, attr = name.partition(":")
+    if os.getcwd() not in sys.path:  # `python -m` puts it first; the console script does not (appended: no shadowing)
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UnknownNameError(f"reward {name!r}: cannot import {module_name!r} ({e}); it must be importable from "
+                               "PYTHONPATH or the working directory") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise UnknownNameError(f"reward {name!r}: {module_name!r} has no function {attr!r}")
+    return fn
 
 
 def reward_name(fn: RewardFn) -> str:
