@@ -345,7 +345,11 @@ class RLModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = {k.removeprefix("adapter."): v for k, v in checkpoint["state_dict"].items()}
-        copy_into_slot(self.model, "train", state)
+        try:
+            copy_into_slot(self.model, "train", state)
+        except ValueError as e:
+            raise ValueError(f"the checkpoint's adapter does not fit this run's ({e}); resume with the adapter.* "
+                             "settings the run was started with") from None
         checkpoint["state_dict"] = {}
         orbit = checkpoint.get("orbit", {})
         self.rl_step = orbit.get("rl_step", 0)

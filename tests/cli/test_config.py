@@ -101,3 +101,11 @@ def test_a_reward_by_import_path_trains(tmp_path):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_cuda_device_without_a_gpu_is_named(tmp_path):
     assert "model.device='cuda' but torch sees no CUDA GPU" in runtime_error(tmp_path, "model.device=cuda")
+
+
+def test_resuming_with_another_adapter_config_is_named(tmp_path):
+    out = run_cli("experiment=smoke", "trainer.max_steps=1", "trainer.checkpoint_every=1",
+                  f"trainer.output_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = runtime_error(tmp_path, "adapter.r=3", "trainer.resume=auto")
+    assert "the checkpoint's adapter does not fit this run's" in line and "adapter.* settings" in line
