@@ -9,6 +9,14 @@ from pathlib import Path
 import lightning as L
 
 
+def _row_step(line: str) -> int | None:
+    """The RL step of a sample-table row, None for a torn one (a run killed mid-write)."""
+    try:
+        return int(json.loads(line)["rl_step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class EvalCallback(L.Callback):
     def __init__(self, items: list[dict], every_n_steps: int = 10, k: int = 8, max_items: int | None = None,
                  output_dir: str | None = None):
@@ -26,13 +34,25 @@ class EvalCallback(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics({k: v for k, v in metrics.items() if k != "rl_step"}, step=pl_module.rl_step)
         pl_module.last_eval = metrics  # shown on the progress bar by the module
-        out = Path(self.output_dir or trainer.default_root_dir) / "eval_samples.jsonl"
+        out = self._samples_path(trainer)
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a") as f:
             for row in table[:16]:
                 f.write(json.dumps({"rl_step": pl_module.rl_step, **row}) + "\n")
 
+    def _samples_path(self, trainer: L.Trainer) -> Path:
+        return Path(self.output_dir or trainer.default_root_dir) / "eval_samples.jsonl"
+
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        # A new run starts the sample table afresh; a resumed one keeps the rows of the steps its checkpoint holds
+        # (those the stopped run wrote after it are written again).
+        out = self._samples_path(trainer)
+        if out.is_file():
+            kept = [(line, _row_step(line)) for line in out.read_text().splitlines()] if pl_module.rl_step else []
+            rows = [line for line, step in kept if step is not None and step <= pl_module.rl_step]
+            tmp = out.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(row + "\n" for row in rows))
+            tmp.replace(out)
         # Before the first step only: a resumed run evaluates where an uninterrupted one would, so its history and
         # metrics.csv match that run's.
         if pl_module.rl_step == 0 and not self.history:

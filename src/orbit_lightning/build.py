@@ -103,12 +103,16 @@ def build_data(spec: DataSpec, tokenizer: Any, seed: int, context: int | None = 
             raise ValueError(f"data.source={spec.source!r} holds no rows")
         train_rows, eval_rows = train_eval_split(rows, eval_size=min(spec.eval_size, len(rows) // 2), seed=seed)
     limit = spec.max_prompt_tokens if context is None else min(spec.max_prompt_tokens, context - 1)
-    if limit < spec.max_prompt_tokens:
-        log.info("data.max_prompt_tokens=%d exceeds the model's context of %d tokens: prompts of up to %d are kept",
-                 spec.max_prompt_tokens, context, limit)
     kw = dict(tokenizer=tokenizer, max_prompt_tokens=limit, prompt_key=spec.prompt_key,
               answer_key=spec.answer_key)
-    train, evals = PromptDataset(train_rows, **kw), PromptDataset(eval_rows, **kw)
+    capped = (f"the model's context of {context} tokens holds prompts of up to {limit}, fewer than "
+              f"data.max_prompt_tokens={spec.max_prompt_tokens}") if limit < spec.max_prompt_tokens else ""
+    try:
+        train, evals = PromptDataset(train_rows, **kw), PromptDataset(eval_rows, **kw)
+    except ValueError as e:
+        raise ValueError(f"{e} ({capped})" if capped else str(e)) from None
+    if capped and train.dropped + evals.dropped:
+        log.warning("(%s)", capped)
     dm = PromptDataModule(train, evals, prompts_per_step=spec.prompts_per_step, seed=seed)
     return dm, [evals[i] for i in range(len(evals))]
 

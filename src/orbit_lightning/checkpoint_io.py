@@ -29,13 +29,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None):
+    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None,
+                        mmap: bool = False):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist; pass trainer.resume=<path to a .ckpt> or "
-                                    "trainer.resume=auto (the newer of <output_dir>/checkpoints/{last,crash}.ckpt)")
+                                    "trainer.resume=auto (<output_dir>/checkpoints/last.ckpt)")
         try:
-            checkpoint = torch.load(path, map_location=map_location or "cpu", weights_only=False)
+            checkpoint = torch.load(path, map_location=map_location or "cpu", weights_only=False, mmap=mmap)
         except Exception as e:  # a truncated or foreign file
             raise ValueError(f"cannot read checkpoint {path}: {e} (corrupt or not a checkpoint?)") from e
         if not isinstance(checkpoint, dict) or "global_step" not in checkpoint:  # e.g. an adapter's safetensors
@@ -44,6 +45,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return checkpoint
 
 
-def checkpoint_step(path) -> int:
-    """The optimizer steps a training checkpoint holds; a missing, corrupt or foreign file is a clear error."""
-    return int(AtomicCheckpointIO().load_checkpoint(path)["global_step"])
+def checkpoint_rl_step(path) -> int:
+    """The RL steps a training checkpoint holds (the module's count: optimizer steps per RL step may differ between
+    runs); a missing, corrupt or foreign file is a clear error. Memory-mapped: only the header is read."""
+    return int(AtomicCheckpointIO().load_checkpoint(path, mmap=True).get("orbit", {}).get("rl_step", 0))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
@@ -33,14 +34,16 @@ def keep_rows_until(path: Path, last_rl_step: int) -> list[str]:
         reader = csv.DictReader(f)
         columns = list(reader.fieldnames or [])
         rows = [r for r in reader if r.get("step") and row_rl_step(r) <= last_rl_step]
-    logged = max((row_rl_step(r) for r in rows), default=0)
-    if logged < last_rl_step:
+    trained = max((float(r["rl_step"]) for r in rows if r.get("rl_step")), default=0)  # (eval rows come earlier)
+    if trained < last_rl_step:
         log.warning("%s has no rows for RL steps %d-%d: the run stopped after checkpointing them but before their "
-                    "rows were written", path, int(logged) + 1, last_rl_step)
-    with path.open("w", newline="") as f:
+                    "rows were written", path, int(trained) + 1, last_rl_step)
+    tmp = path.with_suffix(".csv.tmp")  # a kill mid-rewrite leaves the old file whole
+    with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
+    os.replace(tmp, path)
     return columns
 
 

@@ -81,7 +81,7 @@ class TrainerSpec:
     accelerator: str = "auto"
     seed: int = 0
     output_dir: str = "runs/${name}"
-    resume: str | None = None  # a checkpoint path, or "auto": the newer of checkpoints/{last,crash}.ckpt, if any
+    resume: str | None = None  # a checkpoint path, or "auto": output_dir/checkpoints/last.ckpt if present
     threads: int | None = None  # torch CPU threads (default: torch's choice)
     report: bool = True
 

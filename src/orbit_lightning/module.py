@@ -30,7 +30,7 @@ from .rl.phases import PhaseTimer
 log = logging.getLogger(__name__)
 
 _ADDITIVE_METRICS = {"loss/policy", "loss/kl", "entropy"}
-FAILED_REWARD_BATCHES = 3  # reward batches in a row whose every call failed, after which the run stops
+FAILED_REWARD_STEPS = 3  # RL steps in a row whose every reward call failed, after which the run stops
 
 
 class RLModule(L.LightningModule):
@@ -60,7 +60,8 @@ class RLModule(L.LightningModule):
         self.last_eval: dict[str, float] = {}
         self._refill_sampler = None  # DAPO dynamic sampling's extra prompts (seeded, checkpointed)
         self._refill_state: dict | None = None
-        self._failed_reward_batches = 0
+        self.failed_reward_steps = 0  # consecutive, checkpointed
+        self._first_reward_failure = ""
 
     # ---- setup -------------------------------------------------------------------------------------
 
@@ -142,7 +143,7 @@ class RLModule(L.LightningModule):
         prompts = [it["prompt"] for it, _ in rows]
         result = self.compute_rewards(prompts, texts, [{**it.get("metadata", {}), "answer": it.get("answer")}
                                                        for it, _ in rows])
-        self._count_failed_rewards(result)
+        self._first_reward_failure = result.failures[0] if result.failures else "every reward was NaN"
         samples = Samples(prompt_ids=[it["prompt_ids"] for it, _ in rows],
                           completion_ids=[list(c.token_ids) for _, c in rows],
                           logprobs=[list(c.logprobs) for _, c in rows], prompts=prompts, completions=texts,
@@ -150,19 +151,18 @@ class RLModule(L.LightningModule):
                           rewards=result.rewards.float(), valid=result.valid.bool(), per_function=result.per_function)
         return samples, len(rejected)
 
-    def _count_failed_rewards(self, result: RewardResult) -> None:
-        """A batch whose every reward failed trains nothing (its samples are masked): one is a passing outage, but
-        FAILED_REWARD_BATCHES in a row is a broken reward, and the run stops (FailSafe checkpoints it) rather than
-        "succeed" having learnt nothing."""
-        if bool(result.valid.any()):
-            self._failed_reward_batches = 0
+    def _count_failed_rewards(self, valid: torch.Tensor) -> None:
+        """An RL step whose every reward failed trains nothing (its samples are masked): one is a passing outage, but
+        FAILED_REWARD_STEPS in a row is a broken reward, and the run stops (FailSafe keeps its state) rather than
+        "succeed" having learnt nothing. valid: [N] bool, the step's samples after any dynamic-sampling rounds."""
+        if bool(valid.any()):
+            self.failed_reward_steps = 0
             return
-        self._failed_reward_batches += 1
-        if self._failed_reward_batches >= FAILED_REWARD_BATCHES:
-            first = result.failures[0] if result.failures else "every reward was NaN"
-            raise RuntimeError(f"every reward call failed in {self._failed_reward_batches} reward batches in a row "
-                               f"(rl_step {self.rl_step}), e.g. {first}; fix the reward function (reward=...) or "
-                               "its server, then resume with trainer.resume=auto")
+        self.failed_reward_steps += 1
+        if self.failed_reward_steps >= FAILED_REWARD_STEPS:
+            raise RuntimeError(f"every reward call failed in {self.failed_reward_steps} RL steps in a row (up to "
+                               f"rl_step {self.rl_step + 1}), e.g. {self._first_reward_failure}; fix the reward "
+                               "function (reward=...) or its server, then resume with trainer.resume=auto")
 
     def collect(self, items: list[dict]) -> tuple[Experience, dict[str, float]]:
         """Rollout + rewards -> an Experience (without advantages/log-probs yet).
@@ -176,6 +176,7 @@ class RLModule(L.LightningModule):
         metrics: dict[str, float] = {}
         if self.algo.dynamic_sampling:
             samples, metrics = self._refill(samples, len(items))
+        self._count_failed_rewards(samples.valid)
         exp = samples.to_experience(g, self.tokenizer.pad_token_id)
         valid, cmask = exp.reward_valid, exp.completion_mask
         metrics.update({"reward/mean": float(samples.rewards[valid].sum()) / max(int(valid.sum()), 1),
@@ -340,6 +341,7 @@ class RLModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = {f"adapter.{k}": v.detach().cpu() for k, v in adapter_state_dict(self.model).items()}
         checkpoint["orbit"] = {"rl_step": self.rl_step, "rng": _rng_state(),
+                               "failed_reward_steps": self.failed_reward_steps,
                                "refill": self._refill_sampler.state_dict() if self._refill_sampler
                                else self._refill_state}
 
@@ -353,6 +355,7 @@ class RLModule(L.LightningModule):
         checkpoint["state_dict"] = {}
         orbit = checkpoint.get("orbit", {})
         self.rl_step = orbit.get("rl_step", 0)
+        self.failed_reward_steps = orbit.get("failed_reward_steps", 0)
         if "rng" in orbit:
             _set_rng_state(orbit["rng"])
         self._refill_state = orbit.get("refill")

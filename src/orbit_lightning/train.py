@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -21,7 +22,7 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .callbacks import AdapterPush, EvalCallback, FailSafe, MemoryTracker
-    from .checkpoint_io import AtomicCheckpointIO, checkpoint_step
+    from .checkpoint_io import AtomicCheckpointIO, checkpoint_rl_step
     from .strategies import ColocatedRLStrategy, DedicatedRolloutStrategy
 
     device = resolve_device(cfg.model.device)
@@ -36,18 +37,18 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
     warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
     opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
-    resumed_rl_step = checkpoint_step(resume) // opt_steps if resume else None
+    resumed_rl_step = checkpoint_rl_step(resume) if resume else None
     ckpt_dir = run_dir / "checkpoints"
     t = cfg.trainer
     evals = [EvalCallback(eval_items, every_n_steps=t.eval_every, k=cfg.rollout.eval_k, max_items=t.eval_max_items,
                           output_dir=str(run_dir))] if t.eval_every else []  # eval_every=0: no evaluation
     callbacks = [
+        FailSafe(ckpt_dir),  # first: its signal handlers then cover the evaluation before the first step
         AdapterPush(),
         MemoryTracker(),
         *evals,
         ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.trainer.checkpoint_every * opt_steps,
                         save_last=True, save_top_k=1, filename="{step}"),
-        FailSafe(ckpt_dir),
     ]
     return L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, strategy=strategy,
@@ -60,13 +61,12 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
 
 def resolve_resume(cfg: ExperimentConfig, run_dir: Path) -> str | None:
     r = cfg.trainer.resume
-    if r == "auto":  # the newer of the periodic checkpoint and the one a failure or signal wrote (callbacks.FailSafe)
-        found = [p for p in (run_dir / "checkpoints" / n for n in ("last.ckpt", "crash.ckpt")) if p.is_file()]
-        if not found:
+    if r == "auto":  # every step boundary a run keeps, periodic or on a signal (callbacks.FailSafe), is last.ckpt
+        last = run_dir / "checkpoints" / "last.ckpt"
+        if not last.is_file():
             return None
-        newest = max(found, key=lambda p: p.stat().st_mtime)
-        log.info("trainer.resume=auto: resuming from %s", newest)
-        return str(newest)
+        log.info("trainer.resume=auto: resuming from %s", last)
+        return str(last)
     if r is not None and not Path(r).is_file():
         raise FileNotFoundError(f"trainer.resume={r!r}: no such checkpoint file")
     return r
@@ -100,13 +100,16 @@ def run_train(cfg: ExperimentConfig) -> dict:
     trainer = make_trainer(cfg, module, run_dir, eval_items, rollout_model, resume)
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=resume)
-    except SystemExit:  # Lightning's SIGTERMException: FailSafe checkpointed the step and says which signal
+    except SystemExit:  # Lightning's SIGTERMException, or its exit after a KeyboardInterrupt
         from .callbacks import FailSafe
 
         stopped = next(c.interrupted for c in trainer.callbacks if isinstance(c, FailSafe))
         if stopped is None:
             raise
-        raise stopped from None
+        if stopped.mid_step or trainer.global_step < trainer.max_steps:
+            raise stopped from None
+        # (Lightning's fit loop raises the SIGTERM flag also after the last step: the run is complete, so finish it)
+        log.warning("received %s after the last step: finishing the run", signal.Signals(stopped.signum).name)
 
     adapter_dir = save_adapter(model, run_dir / "adapter", base_model_name_or_path=cfg.model.path)
     eval_cb = next((c for c in trainer.callbacks if type(c).__name__ == "EvalCallback"), None)

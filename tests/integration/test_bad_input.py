@@ -4,8 +4,11 @@ import csv
 import json
 import logging
 import math
+import os
+import signal
 
 import pytest
+from orbit_lightning.callbacks import RunInterrupted
 
 from orbit_lightning.cli import compose
 from orbit_lightning.rewards import register_reward
@@ -30,6 +33,18 @@ def _always_raises(prompt, completion, metadata):
     raise ConnectionError("reward server unreachable")
 
 
+_SIGNALLED = []
+
+
+@register_reward("test_sigterm_once", overwrite=True)
+def _sigterm_once(prompt, completion, metadata):
+    """SIGTERM to this process at its first call: during the evaluation before the first step."""
+    if not _SIGNALLED:
+        _SIGNALLED.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return 1.0
+
+
 def _metrics(run_dir):
     with open(run_dir / "metrics.csv") as f:
         return list(csv.DictReader(f))
@@ -51,7 +66,7 @@ def test_failing_rewards_are_masked_and_the_run_goes_on(reward, tmp_path):
 def test_a_reward_that_always_fails_stops_the_run_with_a_checkpoint(tmp_path):
     cfg, _ = compose([*TINY, "trainer.max_steps=6", f"trainer.output_dir={tmp_path}",
                       "reward.functions=[{name: test_always_raises, weight: 1.0}]"])
-    with pytest.raises(RuntimeError, match="failed in 3 reward batches in a row.*reward server unreachable"):
+    with pytest.raises(RuntimeError, match="failed in 3 RL steps in a row.*reward server unreachable"):
         run_train(cfg)
     assert (tmp_path / "checkpoints" / "crash.ckpt").is_file()  # the two (empty) steps before are kept
     assert not (tmp_path / "adapter").exists()
@@ -86,5 +101,14 @@ def test_prompts_the_context_cannot_hold_are_dropped_before_the_run(tmp_path, ca
                       f"trainer.output_dir={tmp_path / 'run'}"])
     caplog.set_level(logging.INFO)
     run_train(cfg)
-    assert "data.max_prompt_tokens=512 exceeds the model's context of 48 tokens" in caplog.text
+    assert "the model's context of 48 tokens holds prompts of up to 47" in caplog.text
     assert "dropped" in caplog.text and "rejected by the rollout engine" not in caplog.text
+
+
+def test_sigterm_during_the_first_evaluation_stops_before_any_step(tmp_path):
+    cfg, _ = compose([*TINY, "trainer.max_steps=3", f"trainer.output_dir={tmp_path}",
+                      "reward.functions=[{name: test_sigterm_once, weight: 1.0}]"])
+    with pytest.raises(RunInterrupted, match="stopped by SIGTERM after RL step 0; no checkpoint was written") as info:
+        run_train(cfg)
+    assert info.value.signum == signal.SIGTERM and _SIGNALLED
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "adapter").exists()

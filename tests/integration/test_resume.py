@@ -42,6 +42,8 @@ def assert_same_run(straight, resumed):
     rows = metric_rows(straight)
     assert len(rows) > 6
     assert metric_rows(resumed) == rows
+    samples = (straight / "eval_samples.jsonl").read_text().splitlines()  # the same goes for the sample table
+    assert len(samples) > 0 and (resumed / "eval_samples.jsonl").read_text().splitlines() == samples
 
 
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path, straight):
@@ -72,8 +74,8 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, straight):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_checkpoints_the_step_under_way(tmp_path, straight, signum):
-    """SIGTERM (preemption) or Ctrl-C: the step under way finishes, crash.ckpt holds it, the exit status says which
-    signal, and resume=auto continues from it (no periodic checkpoint is due in these 6 steps)."""
+    """SIGTERM (preemption) or Ctrl-C: the step under way finishes, last.ckpt holds it (no periodic checkpoint is due
+    in these 6 steps), the exit status says which signal, and resume=auto continues from it exactly."""
     out = tmp_path / "signalled"
     args = [*SHIPPED, *STEPS, "trainer.checkpoint_every=100", f"trainer.output_dir={out}"]
     proc = subprocess.Popen(command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -91,9 +93,9 @@ def test_signal_checkpoints_the_step_under_way(tmp_path, straight, signum):
     stderr = proc.communicate(timeout=300)[1]
     assert proc.returncode == 128 + signum, stderr[-3000:]
     assert f"stopped by {signum.name} after RL step" in stderr and "resume with trainer.resume=auto" in stderr
-    assert (out / "checkpoints" / "crash.ckpt").is_file() and not (out / "checkpoints" / "last.ckpt").exists()
+    assert (out / "checkpoints" / "last.ckpt").is_file() and not (out / "checkpoints" / "crash.ckpt").exists()
     assert not (out / "adapter").exists()
 
     resumed = run(*args, "trainer.resume=auto")
-    assert "resuming from" in resumed.stderr and "crash.ckpt" in resumed.stderr
+    assert "resuming from" in resumed.stderr and "last.ckpt" in resumed.stderr
     assert_same_run(straight, out)

@@ -1,5 +1,8 @@
+import sys
+
 import pytest
 
+from orbit_lightning.registry import UnknownNameError
 from orbit_lightning.rewards import REWARDS, RewardRunner, get_reward, register_reward
 
 
@@ -39,3 +42,15 @@ def test_duplicate_name_needs_overwrite(scratch_name):
         register_reward(scratch_name)(lambda p, c, m: 1.0)
     replacement = register_reward(scratch_name, overwrite=True)(lambda p, c, m: 1.0)
     assert get_reward(scratch_name) is replacement
+
+
+def test_a_reward_by_import_path_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "cwd_rewards_mod.py").write_text("def half(prompt, completion, metadata):\n    return 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    path_before = list(sys.path)
+    fn = get_reward("cwd_rewards_mod:half")
+    assert fn("p", "c", {}) == 0.5 and sys.path == path_before  # the directory joined sys.path for the import only
+    with pytest.raises(UnknownNameError, match=r"cwd_rewards_mod' \(.*cwd_rewards_mod.py\) has no function 'nope'"):
+        get_reward("cwd_rewards_mod:nope")
+    with pytest.raises(UnknownNameError, match="cannot import 'no_such_reward_module'"):
+        get_reward("no_such_reward_module:fn")

@@ -131,6 +131,7 @@ class PromptDataset(Dataset):
             self.items.append(
                 {"prompt_ids": ids, "prompt": text, "answer": answer, "metadata": metadata, "index": index}
             )
+        self.dropped = too_long
         if too_long:
             logger.warning(
                 "dropped %d of %d prompts from %s: longer than max_prompt_tokens=%d",

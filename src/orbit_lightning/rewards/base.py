@@ -31,17 +31,31 @@ def get_reward(name: str) -> RewardFn:
     if name in REWARDS or ":" not in name:
         return REWARDS.lookup(name)
     module_name, _, attr = name.partition(":")
-    if os.getcwd() not in sys.path:  # `python -m` puts it first; the console script does not (appended: no shadowing)
-        sys.path.append(os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ImportError as e:
         raise UnknownNameError(f"reward {name!r}: cannot import {module_name!r} ({e}); it must be importable from "
                                "PYTHONPATH or the working directory") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise UnknownNameError(f"reward {name!r}: {module_name!r} has no function {attr!r}")
+        raise UnknownNameError(f"reward {name!r}: {module_name!r} ({getattr(module, '__file__', '?')}) has no "
+                               f"function {attr!r}")
     return fn
+
+
+def _import(module_name: str):
+    """Import a module, from the working directory too (`python -m` puts it on sys.path, the console script does
+    not): it joins sys.path for this import only."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        if os.getcwd() in sys.path:
+            raise
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        sys.path.remove(os.getcwd())
 
 
 def reward_name(fn: RewardFn) -> str:
