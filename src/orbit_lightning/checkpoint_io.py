@@ -45,7 +45,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return checkpoint
 
 
-def checkpoint_rl_step(path) -> int:
-    """The RL steps a training checkpoint holds (the module's count: optimizer steps per RL step may differ between
-    runs); a missing, corrupt or foreign file is a clear error. Memory-mapped: only the header is read."""
-    return int(AtomicCheckpointIO().load_checkpoint(path, mmap=True).get("orbit", {}).get("rl_step", 0))
+def checkpoint_steps(path) -> tuple[int, int]:
+    """(optimizer steps, RL steps) a training checkpoint holds (the RL count is the module's: optimizer steps per RL
+    step may differ between runs); a missing, corrupt or foreign file is a clear error. Memory-mapped: only what is
+    read is loaded."""
+    checkpoint = AtomicCheckpointIO().load_checkpoint(path, mmap=True)
+    return int(checkpoint["global_step"]), int(checkpoint.get("orbit", {}).get("rl_step", 0))

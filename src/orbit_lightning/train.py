@@ -22,7 +22,7 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .callbacks import AdapterPush, EvalCallback, FailSafe, MemoryTracker
-    from .checkpoint_io import AtomicCheckpointIO, checkpoint_rl_step
+    from .checkpoint_io import AtomicCheckpointIO, checkpoint_steps
     from .strategies import ColocatedRLStrategy, DedicatedRolloutStrategy
 
     device = resolve_device(cfg.model.device)
@@ -37,7 +37,13 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
     warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
     opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
-    resumed_rl_step = checkpoint_rl_step(resume) if resume else None
+    resumed_rl_step = None
+    if resume:
+        global_step, resumed_rl_step = checkpoint_steps(resume)
+        if global_step % opt_steps:  # e.g. a crash.ckpt written part-way through an RL step's updates
+            log.warning("%s is not at an RL-step boundary (%d optimizer steps, %d per RL step): the run continues "
+                        "from it, but periodic checkpoints, which count optimizer steps, will no longer fall on "
+                        "RL-step boundaries; resuming from last.ckpt avoids this", resume, global_step, opt_steps)
     ckpt_dir = run_dir / "checkpoints"
     t = cfg.trainer
     evals = [EvalCallback(eval_items, every_n_steps=t.eval_every, k=cfg.rollout.eval_k, max_items=t.eval_max_items,

@@ -1,5 +1,7 @@
 """Regressions found in review: dedicated engine placement, eval with rejected prompts, optimizer-step cadence."""
 
+import logging
+
 import lightning as L
 import peft
 import pytest
@@ -55,6 +57,16 @@ def test_every_rl_step_makes_exactly_minibatches_optimizer_steps(tmp_path):
     run_train(cfg)
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 6 and ckpt["orbit"]["rl_step"] == 2
+
+
+def test_resuming_off_an_rl_step_boundary_is_named(tmp_path, caplog):
+    """6 optimizer steps at 4 per RL step (minibatches changed since): periodic checkpoints no longer line up."""
+    args = [*SHIPPED, "data.prompts_per_step=2", "rollout.group_size=2", "trainer.checkpoint_every=1",
+            f"trainer.output_dir={tmp_path}"]
+    run_train(compose([*args, "algo.minibatches=3", "trainer.max_steps=2"])[0])
+    caplog.set_level(logging.WARNING)
+    run_train(compose([*args, "algo.minibatches=4", "trainer.max_steps=3", "trainer.resume=auto"])[0])
+    assert "is not at an RL-step boundary (6 optimizer steps, 4 per RL step)" in caplog.text
 
 
 def test_bad_algo_values_fail_at_startup():
