@@ -19,9 +19,8 @@ log = logging.getLogger(__name__)
 def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[dict], model_factory,
                  resume: str | None = None):
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from .callbacks import AdapterPush, EvalCallback, FailSafe, MemoryTracker
+    from .callbacks import AdapterPush, EvalCallback, FailSafe, MemoryTracker, RLStepCheckpoint
     from .checkpoint_io import AtomicCheckpointIO, checkpoint_steps
     from .strategies import ColocatedRLStrategy, DedicatedRolloutStrategy
 
@@ -31,19 +30,17 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
         strategy = DedicatedRolloutStrategy(device, rollout_device, model_factory, checkpoint_io=AtomicCheckpointIO())
     else:
         strategy = ColocatedRLStrategy(device=device, checkpoint_io=AtomicCheckpointIO())
-    # Two Lightning warnings about what this loop does on purpose: the model sits in eval mode outside its updates
-    # (no adapter dropout in rollouts and scoring), and with manual optimization a checkpoint holds the state after
-    # the step's updates, which is what a resumed run continues from.
+    # A Lightning warning about what this loop does on purpose: the model sits in eval mode outside its updates (no
+    # adapter dropout in rollouts and scoring).
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
-    warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
     opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
     resumed_rl_step = None
     if resume:
         global_step, resumed_rl_step = checkpoint_steps(resume)
         if global_step % opt_steps:  # e.g. a crash.ckpt written part-way through an RL step's updates
             log.warning("%s is not at an RL-step boundary (%d optimizer steps, %d per RL step): the run continues "
-                        "from it, but periodic checkpoints, which count optimizer steps, will no longer fall on "
-                        "RL-step boundaries; resuming from last.ckpt avoids this", resume, global_step, opt_steps)
+                        "from it, with the part of RL step %d's update it holds", resume, global_step, opt_steps,
+                        resumed_rl_step + 1)
     ckpt_dir = run_dir / "checkpoints"
     t = cfg.trainer
     evals = [EvalCallback(eval_items, every_n_steps=t.eval_every, k=cfg.rollout.eval_k, max_items=t.eval_max_items,
@@ -53,15 +50,15 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
         AdapterPush(),
         MemoryTracker(),
         *evals,
-        ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=cfg.trainer.checkpoint_every * opt_steps,
-                        save_last=True, save_top_k=1, filename="{step}"),
+        RLStepCheckpoint(ckpt_dir, cfg.trainer.checkpoint_every),  # (after the evaluation of its step)
     ]
     return L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, strategy=strategy,
         max_steps=cfg.trainer.max_steps * opt_steps, logger=build_logger(cfg, run_dir, resumed_rl_step),
         callbacks=callbacks,
-        default_root_dir=run_dir, limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=1,
-        enable_model_summary=False, deterministic=False,
+        default_root_dir=run_dir, enable_checkpointing=False,  # (RLStepCheckpoint instead of ModelCheckpoint)
+        limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=1, enable_model_summary=False,
+        deterministic=False,
     )
 
 

@@ -51,8 +51,8 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, straight):
     proc = subprocess.Popen(command(*SHIPPED, *STEPS, f"trainer.output_dir={killed}"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
-    def reached_step_2() -> bool:  # ModelCheckpoint writes step=N.ckpt after optimizer step N
-        return any(int(p.stem.split("=")[1]) >= 2 for p in (killed / "checkpoints").glob("step=*.ckpt"))
+    def reached_step_2() -> bool:  # RLStepCheckpoint writes rl_step=N.ckpt after RL step N
+        return any(int(p.stem.split("=")[1]) >= 2 for p in (killed / "checkpoints").glob("rl_step=*.ckpt"))
 
     def logged_step_2() -> bool:  # and a few ms later its row (csv_log's docstring: a kill between loses the row)
         try:

@@ -59,14 +59,23 @@ def test_every_rl_step_makes_exactly_minibatches_optimizer_steps(tmp_path):
     assert ckpt["global_step"] == 6 and ckpt["orbit"]["rl_step"] == 2
 
 
-def test_resuming_off_an_rl_step_boundary_is_named(tmp_path, caplog):
-    """6 optimizer steps at 4 per RL step (minibatches changed since): periodic checkpoints no longer line up."""
+def test_checkpoints_count_rl_steps_after_a_resume_off_a_boundary(tmp_path, caplog):
+    """6 optimizer steps at 4 per RL step (minibatches changed since; a mid-step crash.ckpt looks alike): the resume
+    says so, and periodic checkpoints still come every RL step (Lightning's ModelCheckpoint, which counted optimizer
+    steps, wrote none after such a resume: 10 and 14 are not multiples of 4)."""
     args = [*SHIPPED, "data.prompts_per_step=2", "rollout.group_size=2", "trainer.checkpoint_every=1",
             f"trainer.output_dir={tmp_path}"]
     run_train(compose([*args, "algo.minibatches=3", "trainer.max_steps=2"])[0])
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "rl_step=2.ckpt"]
     caplog.set_level(logging.WARNING)
     run_train(compose([*args, "algo.minibatches=4", "trainer.max_steps=3", "trainer.resume=auto"])[0])
     assert "is not at an RL-step boundary (6 optimizer steps, 4 per RL step)" in caplog.text
+    # (max_steps counts 3 x 4 optimizer steps: from 6, RL steps 3 and 4 run, ending at 14)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "rl_step=4.ckpt"]  # the earlier ones: gone
+    assert (ckpts / "last.ckpt").samefile(ckpts / "rl_step=4.ckpt")  # one file, two names
+    last = torch.load(ckpts / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 14 and last["orbit"]["rl_step"] == 4
 
 
 def test_bad_algo_values_fail_at_startup():
