@@ -31,7 +31,7 @@ class RLStepCheckpoint(L.Callback):
     def save(self, trainer: L.Trainer, rl_step: int) -> Path:
         path = self.dirpath / f"rl_step={rl_step}.ckpt"
         previous, self.latest = self.latest, path  # (first: the checkpoint's own state names it, for a resume)
-        trainer.save_checkpoint(path)  # (atomic: checkpoint_io.AtomicCheckpointIO)
+        trainer.save_checkpoint(path, weights_only=False)  # (atomic: checkpoint_io.AtomicCheckpointIO)
         self._link_last(path)
         if previous is not None and previous != path and previous.is_file():
             previous.unlink()

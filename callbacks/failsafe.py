@@ -111,7 +111,7 @@ class FailSafe(L.Callback):
     def _save(self, trainer: L.Trainer, name: str) -> Path | None:
         path = self.dirpath / name
         try:
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)
         except Exception as e:  # never mask the original error
             log.error("could not write %s: %s", path, e)
             return None

@@ -38,6 +38,7 @@ def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     assert out.returncode == 0, out.stderr[-4000:]
     noise = [needle for needle in (*STARTUP_NOISE.values(), STARTUP_WARNING) if needle in out.stderr]
     assert not noise, f"dependency startup noise the command drops (cli.STARTUP_*): {noise}\n{out.stderr[:3000]}"
+    assert "`weights_only` was not set" not in out.stderr  # Lightning's line for each checkpoint saved without it
     return out
 
 
