@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,11 @@ def build_data(spec: DataSpec, tokenizer: Any, seed: int, context: int | None = 
                                     train_size=spec.train_size, eval_size=spec.eval_size)
         train_rows, eval_rows = make_arithmetic_split(task)
     else:
-        rows = load_rows(spec.source)
+        try:
+            rows = load_rows(spec.source)
+        except FileNotFoundError as e:  # (relative paths are taken from the directory orbit-rl runs in)
+            raise FileNotFoundError(f"data.source: {e} (from {os.getcwd()}); set data.source to a .jsonl or "
+                                    ".json file or a saved datasets directory") from None
         if not rows:
             raise ValueError(f"data.source={spec.source!r} holds no rows")
         train_rows, eval_rows = train_eval_split(rows, eval_size=min(spec.eval_size, len(rows) // 2), seed=seed)

@@ -88,6 +88,11 @@ def test_runtime_errors_name_what_was_wrong(tmp_path, arg, message):
     assert message in runtime_error(tmp_path, arg)
 
 
+def test_missing_prompt_file_names_the_key(tmp_path):
+    line = runtime_error(tmp_path, "data=jsonl", "data.source=no/such/prompts.jsonl")
+    assert "data.source: prompt source 'no/such/prompts.jsonl' does not exist" in line
+
+
 def test_a_reward_by_import_path_trains(tmp_path):
     (tmp_path / "my_rewards.py").write_text("def odd_length(prompt, completion, metadata):\n"
                                             "    return float(len(completion) % 2)\n")

@@ -74,8 +74,9 @@ def test_clear_errors(tmp_path):
         PromptDataset(tmp_path / "empty.jsonl", CharTokenizer())
     with pytest.raises(KeyError, match="'text'.*prompt_key"):
         PromptDataset([{"text": "1="}], CharTokenizer())
-    with pytest.raises(FileNotFoundError):
-        load_rows(tmp_path / "missing.csv")
+    for missing in ("missing.csv", "missing.jsonl", "missing.json"):  # the path is named, whatever its kind
+        with pytest.raises(FileNotFoundError, match=f"prompt source .*{missing}' does not exist"):
+            load_rows(tmp_path / missing)
     with pytest.raises(ValueError, match="jsonl"):
         (tmp_path / "rows.csv").write_text("prompt\n")
         load_rows(tmp_path / "rows.csv")

@@ -23,6 +23,8 @@ def load_rows(source: Source, split: str | None = None) -> list[dict[str, Any]]:
     by ``datasets``' ``save_to_disk`` (``split`` picks one split of a ``DatasetDict``)."""
     if not isinstance(source, str | os.PathLike):
         rows = list(source)
+    elif not os.path.exists(source):
+        raise FileNotFoundError(f"prompt source {os.fspath(source)!r} does not exist")
     elif os.path.isdir(source):
         rows = _load_hf_dir(os.fspath(source), split)
     elif (path := os.fspath(source)).endswith(".jsonl"):
@@ -39,8 +41,6 @@ def load_rows(source: Source, split: str | None = None) -> list[dict[str, Any]]:
             rows = json.load(f)
         if not isinstance(rows, list):
             raise ValueError(f"{path} must hold a JSON list of objects, got {type(rows).__name__}")
-    elif not os.path.exists(path):
-        raise FileNotFoundError(f"prompt source {path!r} does not exist")
     else:
         raise ValueError(
             f"cannot read prompts from {path!r}: use a .jsonl file, a .json list file, "
