@@ -8,6 +8,8 @@ from pathlib import Path
 
 import lightning as L
 
+from orbit_lightning.atomic_write import atomic_write
+
 
 def _row_step(line: str) -> int | None:
     """The RL step of a sample-table row, None for a torn one (a run killed mid-write)."""
@@ -50,9 +52,7 @@ class EvalCallback(L.Callback):
         if out.is_file():
             kept = [(line, _row_step(line)) for line in out.read_text().splitlines()] if pl_module.rl_step else []
             rows = [line for line, step in kept if step is not None and step <= pl_module.rl_step]
-            tmp = out.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(row + "\n" for row in rows))
-            tmp.replace(out)
+            atomic_write(out, lambda tmp: Path(tmp).write_text("".join(row + "\n" for row in rows)))
         # Before the first step only: a resumed run evaluates where an uninterrupted one would, so its history and
         # metrics.csv match that run's.
         if pl_module.rl_step == 0 and not self.history:

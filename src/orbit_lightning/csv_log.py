@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import csv
 import logging
-import os
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from .atomic_write import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,14 @@ def keep_rows_until(path: Path, last_rl_step: int) -> list[str]:
     if trained < last_rl_step:
         log.warning("%s has no rows for RL steps %d-%d: the run stopped after checkpointing them but before their "
                     "rows were written", path, int(trained) + 1, last_rl_step)
-    tmp = path.with_suffix(".csv.tmp")  # a kill mid-rewrite leaves the old file whole
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    atomic_write(path, write)  # a kill mid-rewrite leaves the old file whole
     return columns
 
 

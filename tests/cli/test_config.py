@@ -88,6 +88,13 @@ def test_runtime_errors_name_what_was_wrong(tmp_path, arg, message):
     assert message in runtime_error(tmp_path, arg)
 
 
+def test_a_corrupt_checkpoint_to_resume_is_named(tmp_path):
+    (tmp_path / "bad.ckpt").write_bytes(b"PK" + bytes(4000))
+    line = runtime_error(tmp_path, f"trainer.resume={tmp_path}/bad.ckpt")
+    assert f"checkpoint {tmp_path}/bad.ckpt cannot be read: it is truncated, corrupt" in line
+    assert "trainer.resume=null" in line
+
+
 def test_missing_prompt_file_names_the_key(tmp_path):
     line = runtime_error(tmp_path, "data=jsonl", "data.source=no/such/prompts.jsonl")
     assert "data.source: prompt source 'no/such/prompts.jsonl' does not exist" in line

@@ -12,9 +12,7 @@ on load into transformers-v5 fused experts (`target_parameters`), and the per-ex
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from ..atomic_write import atomic_write
 from .slots import TRAIN_SLOT, adapter_layers, adapter_state, adapter_state_dict
 
 PREFIX = "base_model.model."
@@ -81,25 +80,14 @@ def save_adapter(model: nn.Module, directory: str | Path, slot: str = TRAIN_SLOT
     for k, v in list(config.items()):
         if isinstance(v, set):
             config[k] = sorted(v)
-    _atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={
+    atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={
         "format": "pt", "orbit_adapter_version": str(state.versions.get(slot))}))
-    _atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(config, indent=2, default=str)))
+    atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(json.dumps(config, indent=2, default=str)))
     return directory
 
 
 def _norm(v):
     return getattr(v, "value", v)  # enums (peft_type) compare by value
-
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_adapter(directory: str | Path) -> tuple[dict, dict[str, Tensor]]:
