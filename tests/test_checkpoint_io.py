@@ -34,7 +34,8 @@ def test_unreadable_file(saved, damage):
     saved.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
     for read in (checkpoint_steps, AtomicCheckpointIO().load_checkpoint):
         with pytest.raises(ValueError, match=r"cannot be read: it is truncated, corrupt or not a torch checkpoint "
-                                             r"\(not a whole zip archive, which torch.save writes\)\. .*trainer.resume=null"):
+                                             r"\(not a whole zip archive, which torch.save writes\)\. "
+                                             r".*trainer.resume=null"):
             read(saved)
 
 
