@@ -52,7 +52,7 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 
 @pytest.mark.usefixtures("cpu_kernels")
 @pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
-                                  "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64"])
+                                  "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64", "pairs-early-loads"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -68,6 +68,8 @@ def test_mma_gemv_under_the_interpreter(case):
                                                       mma_word_pairs=True), "int4-g128"),
         "pairs-one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_word_pairs=True), "int4"),
         "pairs-g64": (32, 512, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_word_pairs=True), "int4-g64"),
+        "pairs-early-loads": (32, 768, GemvConfig(16, 32, 128, mma=True, num_warps=1, mma_word_pairs=True,
+                                                  mma_early_loads=True), "int4"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
@@ -117,6 +119,8 @@ CASES = {  # name: (format, N, K, config)
     "pairs-one-tile-steps": ("int4", 1024, 1536, replace(configs._GEMV_MMA_ONE_TILE, mma_word_pairs=True)),
     "pairs-g64": ("int4-g64", 1024, 2048, replace(_MMA, mma_word_pairs=True)),
     "pairs-9-16-rows": ("int4", 4096, 4096, configs._at_rows(_MMA, 16)),  # one K tile a step, no L2 prefetch hint
+    "early-loads": ("int4", 2048, 4096, replace(_MMA, mma_early_loads=True)),
+    "pairs-9-16-rows-early-loads": ("int4", 4096, 4096, replace(configs._at_rows(_MMA, 16), mma_early_loads=True)),
 }
 
 
