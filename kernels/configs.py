@@ -128,6 +128,9 @@ class GemvConfig:
     # the next step's loads before this step's products (gemv_mma.mma_mainloop): more registers, so no warp waits out
     # its own next step's latency; off (measured: bench/RESULTS.md, twenty-eighth and thirty-sixth sessions)
     mma_early_loads: bool = False
+    # the program's warps take alternate steps of K (warp w steps w, w + NW, ...) instead of a run each: at any time
+    # the program reads NW * 64 * mma_tiles adjacent bytes of each row, not NW runs far apart (DRAM page locality)
+    mma_interleave_k: bool = False
 
     @property
     def launch_options(self) -> dict:

@@ -292,10 +292,13 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, EARLY: tl.constexpr):  # fmt: skip
+                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, EARLY: tl.constexpr,
+                 KSTEP: tl.constexpr):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
-    tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait)."""
+    tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait). A trip
+    advances KSTEP steps of U K tiles: 1 where a warp's K tiles are adjacent, NW where the program's warps take
+    alternate steps (GemvConfig.mma_interleave_k)."""
     x_nxt = _load_xs(x_lane, U, NT, PAIRS)
     acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
@@ -305,9 +308,9 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
     # registers at one row tile, 140 at two, against 80 and 128 this way in 3.6 and 3.9; sm_90 SASS, 161 instructions
     # a K tile at M = 1). Other warps hide their latency. EARLY (GemvConfig.mma_early_loads) puts them first.
     for _i in range(U, tiles_per_warp, U):
-        w_lane = _advance(w_lane, U * _W_BYTES)
-        s_lane = _advance(s_lane, U * (_TILE_K // GROUP) * 2)
-        x_lane = _advance(x_lane, U * _X_BYTES)
+        w_lane = _advance(w_lane, KSTEP * U * _W_BYTES)
+        s_lane = _advance(s_lane, KSTEP * U * (_TILE_K // GROUP) * 2)
+        x_lane = _advance(x_lane, KSTEP * U * _X_BYTES)
         if EARLY:
             w_ahead = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
             x_ahead = _load_xs(x_lane, U, NT, PAIRS)
@@ -382,7 +385,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
                      STAMPS: tl.constexpr, DIRECT: tl.constexpr, PAIRS: tl.constexpr, STRIDE_W: tl.constexpr,
-                     STRIDE_S: tl.constexpr, TILE: tl.constexpr, EARLY: tl.constexpr):  # fmt: skip
+                     STRIDE_S: tl.constexpr, TILE: tl.constexpr, EARLY: tl.constexpr,
+                     INTERLEAVE: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -395,7 +399,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         lane = tl.arange(0, 32 * NW)
         warp = lane // 32
         g = (lane % 32) // 4
-        k_lo = warp * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
+        # (the host picks warps that divide K's tiles): a run of them each, or with INTERLEAVE alternate steps
+        k_lo = warp * (U if INTERLEAVE else tiles_per_warp) * _TILE_K
         w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP, PAIRS)
         w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (_load_weights)
         x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT, PAIRS)
@@ -405,7 +410,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, PAIRS, TILE, EARLY)
+                           NW, PAIRS, TILE, EARLY, NW if INTERLEAVE else 1)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -482,4 +487,5 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
                 STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
-                TILE=tile_asm(nt, cfg.mma_word_pairs), EARLY=cfg.mma_early_loads)  # fmt: skip
+                TILE=tile_asm(nt, cfg.mma_word_pairs), EARLY=cfg.mma_early_loads,
+                INTERLEAVE=cfg.mma_interleave_k)  # fmt: skip
