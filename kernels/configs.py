@@ -207,7 +207,12 @@ MMA_WIDE_L2_PREFETCH = 0
 MMA_WORD_PAIRS_FROM = 9  # rows from which the mma GEMV takes the word-pair layout (17: never)
 MMA_WIDE_MAX_N = 16384  # at 9-16 rows the mma GEMV serves weights of fewer rows than this, whatever their size
 _GEMV_MMA = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, mma_tiles=2, l2_prefetch=128)
-_GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2)
+# Long K takes its warps on alternate K steps (thirty-sixth session, `bench/mma_sweep.py --sections interleave`, an
+# H100, three alternating rounds; bench/RESULTS.md): DeepSeek-V3 o / mlp.down at 16 rows 37.7 -> 32.5 / 42.0 -> 36.5
+# us, at 9 rows 36.1 -> 31.9 / 40.9 -> 35.5, at one row 28.5 -> 28.3 / 32.2 -> 31.8. On shorter K it won and lost by
+# shape.
+_GEMV_MMA_LONG_K = GemvConfig(16, 32, 128, mma=True, num_warps=8, programs_per_sm=16, mma_tiles=2,
+                              mma_interleave_k=True)
 _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per_sm=24, l2_prefetch=128)
 # Two row tiles per warp beyond one row (H200, twenty-fifth session; two runs each of 9ac814a's gemv_sweep m16rw and
 # mt4 sections, and `bench/mma_sweep.py --sections shapes` measures the shipped configs against the dispatch): at

@@ -116,7 +116,8 @@ def test_the_mma_gemv_takes_the_adapters_into_its_launch_at_one_row_and_long_k_o
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("shape", [(6144, 4096, (4096, 1024, 1024)), (24576, 4096, (12288, 12288)),
-                                   (4096, 12288, (4096,))], ids=["qkv", "gate_up", "down"])  # fmt: skip
+                                   (4096, 12288, (4096,)), (7168, 16384, (7168,))],
+                         ids=["qkv", "gate_up", "down", "o-long-k"])  # fmt: skip
 def test_fused_lora_bf16_gpu_matches_fp64(shape, m, monkeypatch):
     """The engine's shapes through the dispatched small-M kernel (at M <= 8 gemv_mma.py's) with the adapters in its
     launch, against the fp64 oracle. Bound: the base GEMV's 2^-8 (sum |x||w| + |ref|) (test_gemv.py); the adapter

@@ -129,8 +129,8 @@ CASES = {  # name: (format, N, K, config)
     "pairs-9-16-rows-early-loads": ("int4", 4096, 4096, replace(configs._at_rows(_MMA, 16), mma_early_loads=True)),
     "interleaved-k": ("int4", 4096, 12288, replace(_MMA, mma_interleave_k=True)),
     "pairs-9-16-rows-interleaved-k": ("int4", 4096, 4096, replace(configs._at_rows(_MMA, 16), mma_interleave_k=True)),
-    "two-rowtiles-interleaved-k-g128": ("int4-g128", 2048, 16384, replace(configs._GEMV_MMA_LONG_K,
-                                                                           mma_interleave_k=True)),
+    "long-k-shipped-g128": ("int4-g128", 2048, 16384, configs._GEMV_MMA_LONG_K),  # two row tiles, interleaved K
+    "long-k-runs": ("int4", 1024, 16384, replace(configs._GEMV_MMA_LONG_K, mma_interleave_k=False)),
 }
 
 
