@@ -1,7 +1,6 @@
 """Sweeps of the mma GEMV (kernels/gemv_mma.py), the decode kernel at 1-16 rows, on the GPU machine.
 
-    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab,early,
-                                                                   interleave]
+    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab,interleave]
 
 Each section times variants with bench/gemv_sweep.py's section_gemv (CUDA-graph cold-L2 times, each output checked
 against an fp32 reference, geomean x bf16 F.linear over the dense shapes of bench/kernels.py). mma: the kernel's
@@ -9,11 +8,11 @@ variants at M = 1 against the tile and TMA configs. m16mt: 9 and 16 rows with 1 
 shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 and 16 rows with one or two K tiles a
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
 A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint
-and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating; early: with the next
-step's loads first (GemvConfig.mma_early_loads); interleave: with the warps on alternate K steps
-(mma_interleave_k). (The adjacent-nibble
-decode the thirtieth session measured with wide and ab is at commit cb3ff11; the two accumulator chains of the
-thirty-third session, GemvConfig.mma_acc_sets and mma_split_tile with the sets section, at d8e302e.)
+and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating; interleave: with
+the warps on alternate K steps (GemvConfig.mma_interleave_k). (The adjacent-nibble decode the thirtieth session
+measured with wide and ab is at commit cb3ff11; the two accumulator chains of the thirty-third session,
+GemvConfig.mma_acc_sets and mma_split_tile with the sets section, at d8e302e; the next step's loads first, the
+thirty-sixth session's early section and GemvConfig.mma_early_loads, at 2b1fc3b.)
 (These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before it cite them
 there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
 """
@@ -181,13 +180,6 @@ def section_ab(deadline: float) -> None:
                  (1, 8, 9, 16))
 
 
-def section_early(deadline: float) -> None:
-    """The dispatch at 1, 9 and 16 rows against itself with GemvConfig.mma_early_loads (the next step's loads before
-    this step's products). Measured before the word-pair layout, when the 16-row kernel was L1-bound (twenty-eighth
-    session); again now that neither GPU's is (thirty-sixth)."""
-    _dispatch_ab(deadline, {"shipped": {}, "early": dict(mma_early_loads=True)}, (1, 9, 16))
-
-
 def section_interleave(deadline: float) -> None:
     """The dispatch at 1, 9 and 16 rows against itself with GemvConfig.mma_interleave_k (the program's warps on
     alternate K steps: one stretch of each row read at a time, not one per warp far apart)."""
@@ -234,7 +226,7 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
 def main() -> None:
     sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
                 "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide,
-                "ab": section_ab, "early": section_early,
+                "ab": section_ab,
                 "interleave": section_interleave}
     bk.run_sweep(__doc__, "mma_sweep.py", say, sections, "shapes")
 

@@ -125,9 +125,6 @@ class GemvConfig:
     # lane t of a quad takes words 2t, 2t + 1, 2t + 8, 2t + 9 of a row's K tile instead of 4t..4t+3: half the L1
     # wavefronts for the activations, twice for the weights (gemv_mma._load_w_asm)
     mma_word_pairs: bool = False
-    # the next step's loads before this step's products (gemv_mma.mma_mainloop): more registers, so no warp waits out
-    # its own next step's latency; off (measured: bench/RESULTS.md, twenty-eighth and thirty-sixth sessions)
-    mma_early_loads: bool = False
     # the program's warps take alternate steps of K (warp w steps w, w + NW, ...) instead of a run each: at any time
     # the program reads NW * 64 * mma_tiles adjacent bytes of each row, not NW runs far apart (DRAM page locality)
     mma_interleave_k: bool = False

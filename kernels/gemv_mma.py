@@ -292,8 +292,7 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, EARLY: tl.constexpr,
-                 KSTEP: tl.constexpr):  # fmt: skip
+                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, KSTEP: tl.constexpr):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
     tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait). A trip
@@ -306,20 +305,15 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
     # peeled off, so no load here is predicated. The next step's loads follow this step's products in the source:
     # with them first, triton 3.6's ptxas issued them all before the products and kept both steps live (117
     # registers at one row tile, 140 at two, against 80 and 128 this way in 3.6 and 3.9; sm_90 SASS, 161 instructions
-    # a K tile at M = 1). Other warps hide their latency. EARLY (GemvConfig.mma_early_loads) puts them first.
+    # a K tile at M = 1). Other warps hide their latency. (The loads first, 128 registers at 16 rows, lost 5 % overall
+    # in the thirty-sixth session, as in the twenty-eighth: bench/RESULTS.md; the code is at 2b1fc3b.)
     for _i in range(U, tiles_per_warp, U):
         w_lane = _advance(w_lane, KSTEP * U * _W_BYTES)
         s_lane = _advance(s_lane, KSTEP * U * (_TILE_K // GROUP) * 2)
         x_lane = _advance(x_lane, KSTEP * U * _X_BYTES)
-        if EARLY:
-            w_ahead = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
-            x_ahead = _load_xs(x_lane, U, NT, PAIRS)
-            acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
-            nxt, x_nxt = w_ahead, x_ahead
-        else:
-            acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
-            nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
-            x_nxt = _load_xs(x_lane, U, NT, PAIRS)
+        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
+        x_nxt = _load_xs(x_lane, U, NT, PAIRS)
     return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
 
 
@@ -385,8 +379,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
                      STAMPS: tl.constexpr, DIRECT: tl.constexpr, PAIRS: tl.constexpr, STRIDE_W: tl.constexpr,
-                     STRIDE_S: tl.constexpr, TILE: tl.constexpr, EARLY: tl.constexpr,
-                     INTERLEAVE: tl.constexpr):  # fmt: skip
+                     STRIDE_S: tl.constexpr, TILE: tl.constexpr, INTERLEAVE: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
@@ -410,7 +403,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, PAIRS, TILE, EARLY, NW if INTERLEAVE else 1)
+                           NW, PAIRS, TILE, NW if INTERLEAVE else 1)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -487,5 +480,4 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
                 STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
-                TILE=tile_asm(nt, cfg.mma_word_pairs), EARLY=cfg.mma_early_loads,
-                INTERLEAVE=cfg.mma_interleave_k)  # fmt: skip
+                TILE=tile_asm(nt, cfg.mma_word_pairs), INTERLEAVE=cfg.mma_interleave_k)  # fmt: skip

@@ -52,7 +52,7 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 
 @pytest.mark.usefixtures("cpu_kernels")
 @pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
-                                  "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64", "pairs-early-loads",
+                                  "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64",
                                   "interleaved-k", "pairs-interleaved-k"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
@@ -69,8 +69,6 @@ def test_mma_gemv_under_the_interpreter(case):
                                                       mma_word_pairs=True), "int4-g128"),
         "pairs-one-tile-steps": (48, 384, GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_word_pairs=True), "int4"),
         "pairs-g64": (32, 512, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_word_pairs=True), "int4-g64"),
-        "pairs-early-loads": (32, 768, GemvConfig(16, 32, 128, mma=True, num_warps=1, mma_word_pairs=True,
-                                                  mma_early_loads=True), "int4"),
         # warp w takes K steps w, w + 2, ...: 3 steps a warp of 2 tiles, so a mutation of either stride shows
         "interleaved-k": (32, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2,
                                                mma_interleave_k=True), "int4"),
@@ -125,8 +123,6 @@ CASES = {  # name: (format, N, K, config)
     "pairs-one-tile-steps": ("int4", 1024, 1536, replace(configs._GEMV_MMA_ONE_TILE, mma_word_pairs=True)),
     "pairs-g64": ("int4-g64", 1024, 2048, replace(_MMA, mma_word_pairs=True)),
     "pairs-9-16-rows": ("int4", 4096, 4096, configs._at_rows(_MMA, 16)),  # one K tile a step, no L2 prefetch hint
-    "early-loads": ("int4", 2048, 4096, replace(_MMA, mma_early_loads=True)),
-    "pairs-9-16-rows-early-loads": ("int4", 4096, 4096, replace(configs._at_rows(_MMA, 16), mma_early_loads=True)),
     "interleaved-k": ("int4", 4096, 12288, replace(_MMA, mma_interleave_k=True)),
     "pairs-9-16-rows-interleaved-k": ("int4", 4096, 4096, replace(configs._at_rows(_MMA, 16), mma_interleave_k=True)),
     "long-k-shipped-g128": ("int4-g128", 2048, 16384, configs._GEMV_MMA_LONG_K),  # two row tiles, interleaved K
