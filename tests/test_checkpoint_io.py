@@ -19,7 +19,7 @@ def saved(tmp_path):
 def test_round_trip_and_steps(saved):
     loaded = AtomicCheckpointIO().load_checkpoint(saved)
     assert loaded["global_step"] == 6 and torch.equal(loaded["w"], torch.arange(4.0))
-    assert checkpoint_steps(saved) == (6, 3)
+    assert checkpoint_steps(saved) == (6, 3, 0)  # (0: optimizer steps per RL step not recorded, an older file)
     assert [p.name for p in saved.parent.iterdir()] == [saved.name]  # no temp file left beside it
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -39,9 +39,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return checkpoint
 
 
-def checkpoint_steps(path) -> tuple[int, int]:
-    """(optimizer steps, RL steps) a training checkpoint holds (the RL count is the module's: optimizer steps per RL
-    step may differ between runs); a missing, corrupt or foreign file is a clear error. Memory-mapped: only what is
-    read is loaded."""
+class CheckpointSteps(NamedTuple):
+    global_step: int  # optimizer steps (Lightning's count)
+    rl_step: int  # RL steps completed (the module's count)
+    per_rl_step: int  # optimizer steps per RL step of the run that wrote it (0: not recorded, older checkpoints)
+
+
+def checkpoint_steps(path) -> CheckpointSteps:
+    """The step counts a training checkpoint holds (optimizer steps per RL step may differ between runs); a missing,
+    corrupt or foreign file is a clear error. Memory-mapped: only what is read is loaded."""
     checkpoint = AtomicCheckpointIO().load_checkpoint(path, mmap=True)
-    return int(checkpoint["global_step"]), int(checkpoint.get("orbit", {}).get("rl_step", 0))
+    orbit = checkpoint.get("orbit", {})
+    return CheckpointSteps(int(checkpoint["global_step"]), int(orbit.get("rl_step", 0)),
+                           int(orbit.get("optimizer_steps_per_rl_step", 0)))

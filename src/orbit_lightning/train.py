@@ -34,13 +34,17 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     # adapter dropout in rollouts and scoring).
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
     opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
-    resumed_rl_step = None
-    if resume:
-        global_step, resumed_rl_step = checkpoint_steps(resume)
-        if global_step % opt_steps:  # e.g. a crash.ckpt written part-way through an RL step's updates
-            log.warning("%s is not at an RL-step boundary (%d optimizer steps, %d per RL step): the run continues "
-                        "from it, with the part of RL step %d's update it holds", resume, global_step, opt_steps,
-                        resumed_rl_step + 1)
+    resumed = checkpoint_steps(resume) if resume else None
+    if resumed:
+        if resumed.per_rl_step and resumed.per_rl_step != opt_steps:
+            log.info("%s was written at %d optimizer steps per RL step, this run takes %d (algo.updates_per_step x "
+                     "algo.minibatches): trainer.max_steps still counts RL steps", resume, resumed.per_rl_step,
+                     opt_steps)
+        partial = resumed.global_step - resumed.rl_step * (resumed.per_rl_step or opt_steps)
+        if partial:  # e.g. a crash.ckpt written part-way through an RL step's updates
+            log.warning("%s is not at an RL-step boundary (%d optimizer steps after RL step %d): the run continues "
+                        "from it, with the part of RL step %d's update it holds", resume, partial, resumed.rl_step,
+                        resumed.rl_step + 1)
     ckpt_dir = run_dir / "checkpoints"
     t = cfg.trainer
     evals = [EvalCallback(eval_items, every_n_steps=t.eval_every, k=cfg.rollout.eval_k, max_items=t.eval_max_items,
@@ -54,12 +58,23 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     ]
     return L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, strategy=strategy,
-        max_steps=cfg.trainer.max_steps * opt_steps, logger=build_logger(cfg, run_dir, resumed_rl_step),
+        max_steps=optimizer_step_budget(cfg.trainer.max_steps, opt_steps, resumed),
+        logger=build_logger(cfg, run_dir, resumed.rl_step if resumed else None),
         callbacks=callbacks,
         default_root_dir=run_dir, enable_checkpointing=False,  # (RLStepCheckpoint instead of ModelCheckpoint)
         limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=1, enable_model_summary=False,
         deterministic=False,
     )
+
+
+def optimizer_step_budget(rl_steps: int, per_rl_step: int, resumed=None) -> int:
+    """Lightning's max_steps (optimizer steps) for a run of `rl_steps` RL steps of `per_rl_step` optimizer steps each,
+    resumed from a checkpoint_io.CheckpointSteps or not: the steps still to run are counted on from the checkpoint's
+    optimizer steps, so trainer.max_steps stays a count of RL steps when algo.minibatches or updates_per_step changed
+    between the runs (Lightning stops between RL steps, once global_step reaches it)."""
+    if resumed is None:
+        return rl_steps * per_rl_step
+    return resumed.global_step + max(0, rl_steps - resumed.rl_step) * per_rl_step
 
 
 def resolve_resume(cfg: ExperimentConfig, run_dir: Path) -> str | None:

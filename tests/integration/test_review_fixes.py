@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from orbit_lightning import add_adapter, load_model
+from orbit_lightning.checkpoint_io import CheckpointSteps
 from orbit_lightning.cli import compose
 from orbit_lightning.data.tokenizer import CharTokenizer
 from orbit_lightning.module import RLModule
 from orbit_lightning.rewards import RewardRunner
 from orbit_lightning.rl.config import RolloutConfig
 from orbit_lightning.strategies import DedicatedRolloutStrategy
-from orbit_lightning.train import run_train
+from orbit_lightning.train import optimizer_step_budget, run_train
 from tests.integration.cli_runs import SHIPPED, TINY
 
 
@@ -59,23 +60,35 @@ def test_every_rl_step_makes_exactly_minibatches_optimizer_steps(tmp_path):
     assert ckpt["global_step"] == 6 and ckpt["orbit"]["rl_step"] == 2
 
 
-def test_checkpoints_count_rl_steps_after_a_resume_off_a_boundary(tmp_path, caplog):
-    """6 optimizer steps at 4 per RL step (minibatches changed since; a mid-step crash.ckpt looks alike): the resume
-    says so, and periodic checkpoints still come every RL step (Lightning's ModelCheckpoint, which counted optimizer
-    steps, wrote none after such a resume: 10 and 14 are not multiples of 4)."""
+def test_a_resume_with_other_minibatches_still_counts_rl_steps(tmp_path, caplog):
+    """2 RL steps at 3 optimizer steps each, resumed at 4 per RL step with trainer.max_steps=3: exactly one more RL
+    step runs (6 + 4 optimizer steps; Lightning's max_steps of 3 x 4 ran two, to RL step 4, before the checkpoint
+    recorded its own count), the log says what changed, and periodic checkpoints still come every RL step
+    (Lightning's ModelCheckpoint, which counted optimizer steps, wrote none after such a resume: 10 is not a
+    multiple of 4)."""
     args = [*SHIPPED, "data.prompts_per_step=2", "rollout.group_size=2", "trainer.checkpoint_every=1",
             f"trainer.output_dir={tmp_path}"]
     run_train(compose([*args, "algo.minibatches=3", "trainer.max_steps=2"])[0])
     ckpts = tmp_path / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "rl_step=2.ckpt"]
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO)
     run_train(compose([*args, "algo.minibatches=4", "trainer.max_steps=3", "trainer.resume=auto"])[0])
-    assert "is not at an RL-step boundary (6 optimizer steps, 4 per RL step)" in caplog.text
-    # (max_steps counts 3 x 4 optimizer steps: from 6, RL steps 3 and 4 run, ending at 14)
-    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "rl_step=4.ckpt"]  # the earlier ones: gone
-    assert (ckpts / "last.ckpt").samefile(ckpts / "rl_step=4.ckpt")  # one file, two names
+    assert "written at 3 optimizer steps per RL step, this run takes 4" in caplog.text
+    assert "not at an RL-step boundary" not in caplog.text
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "rl_step=3.ckpt"]  # the earlier ones: gone
+    assert (ckpts / "last.ckpt").samefile(ckpts / "rl_step=3.ckpt")  # one file, two names
     last = torch.load(ckpts / "last.ckpt", weights_only=False)
-    assert last["global_step"] == 14 and last["orbit"]["rl_step"] == 4
+    assert last["global_step"] == 10 and last["orbit"]["rl_step"] == 3
+    assert last["orbit"]["optimizer_steps_per_rl_step"] == 4
+
+
+def test_the_optimizer_step_budget_counts_rl_steps_from_the_checkpoint():
+    fresh = optimizer_step_budget(5, 3)
+    assert fresh == 15
+    assert optimizer_step_budget(5, 3, CheckpointSteps(6, 2, 3)) == 15  # a boundary, same count: unchanged
+    assert optimizer_step_budget(5, 4, CheckpointSteps(6, 2, 3)) == 18  # 3 more RL steps of 4
+    assert optimizer_step_budget(5, 3, CheckpointSteps(7, 2, 3)) == 16  # mid-step: RL step 3 runs whole, from 7
+    assert optimizer_step_budget(5, 3, CheckpointSteps(30, 10, 3)) == 30  # past the end: nothing more runs
 
 
 def test_bad_algo_values_fail_at_startup():
