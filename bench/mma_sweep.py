@@ -226,8 +226,7 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
 def main() -> None:
     sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
                 "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide,
-                "ab": section_ab,
-                "interleave": section_interleave}
+                "ab": section_ab, "interleave": section_interleave}
     bk.run_sweep(__doc__, "mma_sweep.py", say, sections, "shapes")
 
 

@@ -341,7 +341,7 @@ class RLModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["state_dict"] = {f"adapter.{k}": v.detach().cpu() for k, v in adapter_state_dict(self.model).items()}
         checkpoint["orbit"] = {"rl_step": self.rl_step, "rng": _rng_state(),
-                               "optimizer_steps_per_rl_step": self.algo.updates_per_step * self.algo.minibatches,
+                               "optimizer_steps_per_rl_step": self.algo.optimizer_steps_per_rl_step,
                                "failed_reward_steps": self.failed_reward_steps,
                                "refill": self._refill_sampler.state_dict() if self._refill_sampler
                                else self._refill_state}

@@ -7,11 +7,15 @@ import signal
 import warnings
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .build import build_data, build_logger, build_model, build_rewards, build_tokenizer, resolve_device
 from .experiment import ExperimentConfig
+
+if TYPE_CHECKING:
+    from .checkpoint_io import CheckpointSteps
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +37,7 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     # A Lightning warning about what this loop does on purpose: the model sits in eval mode outside its updates (no
     # adapter dropout in rollouts and scoring).
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
-    opt_steps = cfg.algo.updates_per_step * cfg.algo.minibatches  # Lightning counts optimizer steps
+    opt_steps = cfg.algo.optimizer_steps_per_rl_step
     resumed = checkpoint_steps(resume) if resume else None
     if resumed:
         if resumed.per_rl_step and resumed.per_rl_step != opt_steps:
@@ -67,7 +71,7 @@ def make_trainer(cfg: ExperimentConfig, module, run_dir: Path, eval_items: list[
     )
 
 
-def optimizer_step_budget(rl_steps: int, per_rl_step: int, resumed=None) -> int:
+def optimizer_step_budget(rl_steps: int, per_rl_step: int, resumed: CheckpointSteps | None = None) -> int:
     """Lightning's max_steps (optimizer steps) for a run of `rl_steps` RL steps of `per_rl_step` optimizer steps each,
     resumed from a checkpoint_io.CheckpointSteps or not: the steps still to run are counted on from the checkpoint's
     optimizer steps, so trainer.max_steps stays a count of RL steps when algo.minibatches or updates_per_step changed

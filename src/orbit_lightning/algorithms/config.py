@@ -28,6 +28,11 @@ class AlgoConfig:
     dynamic_sampling: bool = False  # DAPO: drop all-equal-reward groups and refill
     max_sampling_rounds: int = 3
 
+    @property
+    def optimizer_steps_per_rl_step(self) -> int:
+        """What one RL step adds to Lightning's global_step (it counts optimizer steps)."""
+        return self.updates_per_step * self.minibatches
+
     def validate(self) -> None:
         from . import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_KINDS, POLICY_LOSSES
 
