@@ -5,7 +5,8 @@ mix, and the order of its loads (L) and mmas (H).
     python bench/mma_sass.py [--configs mt1-nt1-u2 mt2-nt1-u2 mt1-nt2-u1] [--k 4096] [--lora]
 
 A config is mt{row tiles a warp}-nt{n8 tiles of activation rows: 1 up to 8 rows, 2 up to 16}-u{K tiles a step}, -p
-for the word-pair lane layout (GemvConfig.mma_word_pairs) and -i for the warps on alternate K steps (mma_interleave_k).
+for the word-pair lane layout (GemvConfig.mma_word_pairs), -i for the warps on alternate K steps (mma_interleave_k)
+and -t for the words in gemv_mma.tile_words' layout (mma_tiled).
 
 Why: the device's triton (3.6) and this machine's (3.9) bundle different ptxas, and they allocated the same loop 117
 and 80 registers (bench/RESULTS.md, "Kernels", twenty-seventh session). With another triton unpacked in a directory
@@ -57,19 +58,20 @@ class Loop:
         return "".join("L" if i.startswith("LDG") else "H" for i in self.instructions if i.startswith(("LDG", "HMMA")))
 
 
-def parse_config(name: str) -> tuple[int, int, int, bool, bool]:
-    m = re.fullmatch(r"mt(\d)-nt([12])-u([124])(-p)?(-i)?", name)
+def parse_config(name: str) -> tuple[int, int, int, bool, bool, bool]:
+    m = re.fullmatch(r"mt(\d)-nt([12])-u([124])(-p)?(-i)?(-t)?", name)
     if not m:
-        raise SystemExit(f"config {name!r}: expected mt<row tiles>-nt<1|2>-u<1|2|4>[-p][-i], e.g. mt1-nt1-u2")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4)), bool(m.group(5))
+        raise SystemExit(f"config {name!r}: expected mt<row tiles>-nt<1|2>-u<1|2|4>[-p][-i][-t], e.g. mt1-nt1-u2")
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4)), bool(m.group(5)),
+            bool(m.group(6)))  # fmt: skip
 
 
 def compile_sass(mt: int, nt: int, u: int, k: int, lora: bool = False, num_warps: int = 8,
-                 pairs: bool = False, interleave: bool = False) -> tuple[str, str]:  # fmt: skip
+                 pairs: bool = False, interleave: bool = False, tiled: bool = False) -> tuple[str, str]:  # fmt: skip
     """(SASS, cuobjdump's resource usage) of _gemv_mma_kernel for sm_90a, int4 g32 weights with K = k."""
     names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
     cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs,
-                     mma_interleave_k=interleave)
+                     mma_interleave_k=interleave, mma_tiled=tiled)
     const = dict(gemv_mma.kernel_constexprs(cfg, 1 if nt == 1 else 16, num_warps, 32, k // 8, k // 32, True),
                  LORA=lora, BR=16, STAMPS=False)  # fmt: skip
     sig = {n: "constexpr" if n in const else _POINTERS.get(n, "i32") for n in names}
@@ -106,8 +108,9 @@ def main_loop(sass: str, usage: str, products: int) -> Loop:
 
 
 def analyse(name: str, k: int, lora: bool = False) -> Loop:
-    mt, nt, u, pairs, interleave = parse_config(name)
-    return main_loop(*compile_sass(mt, nt, u, k, lora, pairs=pairs, interleave=interleave), products=mt * u)
+    mt, nt, u, pairs, interleave, tiled = parse_config(name)
+    return main_loop(*compile_sass(mt, nt, u, k, lora, pairs=pairs, interleave=interleave, tiled=tiled),
+                     products=mt * u)
 
 
 def main(argv=None) -> None:

@@ -1,6 +1,7 @@
 """Sweeps of the mma GEMV (kernels/gemv_mma.py), the decode kernel at 1-16 rows, on the GPU machine.
 
-    python bench/mma_sweep.py [--budget SECONDS] [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab,interleave]
+    python bench/mma_sweep.py [--budget SECONDS]
+        [--sections mma,m16mt,shapes,m16u,pairs,pairsab,wide,ab,interleave,tiled]
 
 Each section times variants with bench/gemv_sweep.py's section_gemv (CUDA-graph cold-L2 times, each output checked
 against an fp32 reference, geomean x bf16 F.linear over the dense shapes of bench/kernels.py). mma: the kernel's
@@ -9,7 +10,8 @@ shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 an
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
 A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint
 and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating; interleave: with
-the warps on alternate K steps (GemvConfig.mma_interleave_k). (The adjacent-nibble decode the thirtieth session
+the warps on alternate K steps (GemvConfig.mma_interleave_k); tiled: reading the words in gemv_mma.tile_words'
+layout (GemvConfig.mma_tiled), the shipped kernel's bits. (The adjacent-nibble decode the thirtieth session
 measured with wide and ab is at commit cb3ff11; the two accumulator chains of the thirty-third session,
 GemvConfig.mma_acc_sets and mma_split_tile with the sets section, at d8e302e; the next step's loads first, the
 thirty-sixth session's early section and GemvConfig.mma_early_loads, at 2b1fc3b.)
@@ -27,7 +29,7 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from orbit_lightning.kernels import configs
+from orbit_lightning.kernels import configs, gemv_mma
 from orbit_lightning.kernels.configs import GemvConfig
 
 from orbit_lightning import kernels
@@ -186,6 +188,27 @@ def section_interleave(deadline: float) -> None:
     _dispatch_ab(deadline, {"shipped": {}, "interleave": dict(mma_interleave_k=True)}, (1, 9, 16))
 
 
+def section_tiled(deadline: float) -> None:
+    """The dispatch at 1 and 16 rows against itself reading the words in gemv_mma.tile_words' layout (a warp's step one
+    contiguous stretch of block_n * 64 bytes a K tile, not 64 bytes of each row a row apart), with its own K
+    assignment, with the scales tiled likewise (tile_scales), and with the warps on alternate K steps (then the
+    program reads one stretch of NW steps at a time).
+    The outputs must be the shipped kernel's bits: the same products in the same order."""
+    _dispatch_ab(deadline, {"shipped": {}, "tiled": dict(mma_tiled=True),
+                            "tiled-s": dict(mma_tiled=True, mma_tiled_scales=True),
+                            "tiled-s-il": dict(mma_tiled=True, mma_tiled_scales=True, mma_interleave_k=True)}, (1, 16))
+
+
+def _weights_for(w, cfg: GemvConfig):
+    """w as cfg's kernel reads it: the words and scales in tile_words' and tile_scales' layouts for mma_tiled and
+    mma_tiled_scales."""
+    if cfg.mma_tiled:
+        w = replace(w, values=gemv_mma.tile_words(w.values, cfg.block_n))
+    if cfg.mma_tiled_scales:
+        w = replace(w, scale=gemv_mma.tile_scales(w.scale, cfg.block_n, w.group))
+    return w
+
+
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:
     """The dispatch at `rows` rows against itself with its mma configs changed by each of `variants` (GemvConfig
     fields); three alternating rounds in one process, median graph_us, each output checked. Shapes the mma GEMV does
@@ -203,17 +226,21 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
                 x = torch.randn(m, k, device="cuda").bfloat16()
                 cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
                 if cfg is not None and cfg.mma:
-                    runs = {name: functools.partial(gs.run_gemv, x, w, replace(cfg, **change))
-                            for name, change in variants.items()}  # fmt: skip
+                    cfgs = {name: replace(cfg, **change) for name, change in variants.items()}
+                    runs = {name: functools.partial(gs.run_gemv, x, _weights_for(w, c), c) for name, c in cfgs.items()}
+                    bits = {name: fn() for name, fn in runs.items()}
+                    same = [name for name in bits if "shipped" in bits and torch.equal(bits[name], bits["shipped"])]
                 else:  # (the dispatch, unchanged, in every variant's place)
                     runs = {name: functools.partial(kernels.int4_linear, x, packed) for name in variants}
+                    same = []
                 med = alternating_medians(runs, *reference(x, wdq))
                 b16 = graph_us(F.linear, x, wbf)
                 for name, v in med.items():
                     speedups.setdefault((m, name), []).append(b16 / v)
                 kind = f"mma bn{cfg.block_n}" if cfg is not None and cfg.mma else "wgmma"
                 say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} {kind:9} | bf16 {b16:6.1f} | " +
-                    " ".join(f"{v:6.2f}" for v in med.values()))
+                    " ".join(f"{v:6.2f}" for v in med.values()) + (f" | shipped's bits: {' '.join(same)}" if same
+                                                                    else ""))
             del wdq, wbf
             torch.cuda.empty_cache()
     for name in variants:
@@ -226,7 +253,7 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
 def main() -> None:
     sections = {"mma": section_mma, "m16mt": section_m16mt, "shapes": section_shapes, "m16u": section_m16u,
                 "pairs": section_pairs, "pairsab": section_pairs_dispatch, "wide": section_wide,
-                "ab": section_ab, "interleave": section_interleave}
+                "ab": section_ab, "interleave": section_interleave, "tiled": section_tiled}
     bk.run_sweep(__doc__, "mma_sweep.py", say, sections, "shapes")
 
 

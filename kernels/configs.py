@@ -128,6 +128,10 @@ class GemvConfig:
     # the program's warps take alternate steps of K (warp w steps w, w + NW, ...) instead of a run each: at any time
     # the program reads NW * 64 * mma_tiles adjacent bytes of each row, not NW runs far apart (DRAM page locality)
     mma_interleave_k: bool = False
+    # the words in gemv_mma.tile_words' layout (block_n-row tiles, one K tile's block contiguous): a warp's step reads
+    # one stretch of block_n * 64 bytes a K tile, not 64 bytes of each row a row apart (a probe of DRAM locality)
+    mma_tiled: bool = False
+    mma_tiled_scales: bool = False  # the scales in gemv_mma.tile_scales' layout likewise (groups of at most 128)
 
     @property
     def launch_options(self) -> dict:

@@ -204,17 +204,21 @@ def _load_x(xa, PAIRS: tl.constexpr):
 
 @triton.jit
 def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: tl.constexpr,
-                  U: tl.constexpr, MT: tl.constexpr, LOAD: tl.constexpr, PAIRS: tl.constexpr):  # fmt: skip
+                  U: tl.constexpr, MT: tl.constexpr, LOAD: tl.constexpr, PAIRS: tl.constexpr,
+                  W_KTILE: tl.constexpr = _W_BYTES, S_KTILE: tl.constexpr = 0):  # fmt: skip
     """_load_w_rows of U adjacent K tiles for each of the MT row tiles, tile-major. w_lane / s_lane: tuples of B
     lane_addresses at the first of them; row tile m reads base m % B, 16 (m // B) rows on. One base serves every
     row tile of one weight as compile-time offsets (two live 64-bit addresses a base took MT = 2 past 128
-    registers, tests/kernels/test_compile_sm90.py); separate weights (SwiGLU's gate and up) take one base each."""
+    registers, tests/kernels/test_compile_sm90.py); separate weights (SwiGLU's gate and up) take one base each.
+    W_KTILE / S_KTILE: bytes from a row's words / scales of one K tile to the next (64 / 2 * 128 // GROUP row-major,
+    the default; BN times that in tile_words' layout)."""
+    S_STEP: tl.constexpr = S_KTILE if S_KTILE else (_TILE_K // GROUP) * 2
     B: tl.constexpr = len(w_lane)
     out = ()
     for u in tl.static_range(U):
         for m in tl.static_range(MT):
-            out = out + (_load_w_rows(w_lane[m % B] + (16 * (m // B) * 4 * STRIDE_W + u * _W_BYTES),
-                                      s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + u * (_TILE_K // GROUP) * 2),
+            out = out + (_load_w_rows(w_lane[m % B] + (16 * (m // B) * 4 * STRIDE_W + u * W_KTILE),
+                                      s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + u * S_STEP),
                                       STRIDE_W, STRIDE_S, GROUP, LOAD, PAIRS),)  # fmt: skip
     return out
 
@@ -253,13 +257,28 @@ def _advance(addresses, by):
 
 
 @triton.jit
-def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, PAIRS: tl.constexpr):
+def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, PAIRS: tl.constexpr,
+                   TILED_BN: tl.constexpr = 0, TILED_S_BN: tl.constexpr = 0):
     """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t, with PAIRS 16t) and of
-    their scale (with PAIRS the scale of K = k_lo): the main loop only advances them."""
+    their scale (with PAIRS the scale of K = k_lo): the main loop only advances them. TILED_BN: the words are in
+    tile_words' layout of TILED_BN-row tiles (stride_wn is still the row-major row's words, K / 8); TILED_S_BN: the
+    scales in tile_scales' (stride_sn the row-major row's scales)."""
     kt = k_lo + (16 if PAIRS else 32) * (tl.arange(0, rows.shape[0]) % 4)
     r = rows.to(tl.int64)
-    w_lane = w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4 + kt // 2
-    s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + ((k_lo if PAIRS else kt) // GROUP) * 2
+    if TILED_BN:
+        tile_bytes = TILED_BN * 64  # one K tile of the row tile's words
+        w_lane = (w_ptr.to(tl.int64, bitcast=True) + (r // TILED_BN) * (TILED_BN * stride_wn * 4)
+                  + (kt // _TILE_K) * tile_bytes + (r % TILED_BN) * 64 + (kt % _TILE_K) // 2)  # fmt: skip
+    else:
+        w_lane = w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4 + kt // 2
+    ks = k_lo if PAIRS else kt
+    if TILED_S_BN:
+        per_tile: tl.constexpr = _TILE_K // GROUP  # scales of a row in one K tile
+        s_lane = (s_ptr.to(tl.int64, bitcast=True) + (r // TILED_S_BN) * (TILED_S_BN * stride_sn * 2)
+                  + (ks // _TILE_K) * (TILED_S_BN * per_tile * 2) + (r % TILED_S_BN) * (per_tile * 2)
+                  + ((ks % _TILE_K) // GROUP) * 2)  # fmt: skip
+    else:
+        s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + (ks // GROUP) * 2
     return w_lane, s_lane
 
 
@@ -292,7 +311,8 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 @triton.jit
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
-                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, KSTEP: tl.constexpr):  # fmt: skip
+                 NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, KSTEP: tl.constexpr,
+                 W_KTILE: tl.constexpr = _W_BYTES, S_KTILE: tl.constexpr = 0):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
     tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait). A trip
@@ -308,11 +328,11 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
     # a K tile at M = 1). Other warps hide their latency. (The loads first, 128 registers at 16 rows, lost 5 % overall
     # in the thirty-sixth session, as in the twenty-eighth: bench/RESULTS.md; the code is at 2b1fc3b.)
     for _i in range(U, tiles_per_warp, U):
-        w_lane = _advance(w_lane, KSTEP * U * _W_BYTES)
-        s_lane = _advance(s_lane, KSTEP * U * (_TILE_K // GROUP) * 2)
+        w_lane = _advance(w_lane, KSTEP * U * W_KTILE)
+        s_lane = _advance(s_lane, KSTEP * U * (S_KTILE if S_KTILE else (_TILE_K // GROUP) * 2))
         x_lane = _advance(x_lane, KSTEP * U * _X_BYTES)
         acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, W_KTILE, S_KTILE)
         x_nxt = _load_xs(x_lane, U, NT, PAIRS)
     return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
 
@@ -379,8 +399,11 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr, NW: tl.constexpr,
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
                      STAMPS: tl.constexpr, DIRECT: tl.constexpr, PAIRS: tl.constexpr, STRIDE_W: tl.constexpr,
-                     STRIDE_S: tl.constexpr, TILE: tl.constexpr, INTERLEAVE: tl.constexpr):  # fmt: skip
+                     STRIDE_S: tl.constexpr, TILE: tl.constexpr, INTERLEAVE: tl.constexpr,
+                     TILED: tl.constexpr, TILED_S: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
+    W_KTILE: tl.constexpr = BN * 64 if TILED else _W_BYTES
+    S_KTILE: tl.constexpr = BN * (_TILE_K // GROUP) * 2 if TILED_S else 0
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
     if is_rank:
@@ -394,16 +417,18 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         g = (lane % 32) // 4
         # (the host picks warps that divide K's tiles): a run of them each, or with INTERLEAVE alternate steps
         k_lo = warp * (U if INTERLEAVE else tiles_per_warp) * _TILE_K
-        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP, PAIRS)
+        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, K // 8 if TILED else STRIDE_W,
+                                        K // GROUP if TILED_S else STRIDE_S, GROUP, PAIRS, BN if TILED else 0,
+                                        BN if TILED_S else 0)  # fmt: skip
         w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (_load_weights)
         x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT, PAIRS)
         # frozen weights: loaded before the PDL wait
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, W_KTILE, S_KTILE)
         wait_for_producers(PDL, False)
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, PAIRS, TILE, NW if INTERLEAVE else 1)
+                           NW, PAIRS, TILE, NW if INTERLEAVE else 1, W_KTILE, S_KTILE)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -432,6 +457,30 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
     lora_leave(lt, arrived, LORA)
     stamp(stamp_ptr, tl.program_id(0), 6, STAMPS)  # (exit in cycles: tails on one clock, bench/gemv_timeline.py)
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
+
+
+# tile_words' layout: a row tile's words of one K tile are one contiguous block, rows 64 bytes apart (16 words).
+TILED_ROW_WORDS = TILE_K // 8
+
+
+def tile_words(values: Tensor, block_n: int) -> Tensor:
+    """int4 words [N, K / 8] (row-major) in the layout GemvConfig.mma_tiled reads, same shape: the words of rows
+    block_n * i .. + block_n - 1 and K tile j are block (i, j) of block_n * 64 contiguous bytes, row after row, and
+    blocks run K tile after K tile. A warp's step then reads one contiguous stretch (block_n * 64 bytes a K tile)
+    instead of 64 bytes from each of block_n rows a row apart."""
+    n, kw = values.shape
+    return (values.reshape(n // block_n, block_n, kw // TILED_ROW_WORDS, TILED_ROW_WORDS).transpose(1, 2)
+            .contiguous().reshape(n, kw))  # fmt: skip
+
+
+def tile_scales(scale: Tensor, block_n: int, group: int) -> Tensor:
+    """bf16 scales [N, K / group] (row-major, group <= 128) in the layout GemvConfig.mma_tiled_scales reads, same
+    shape: a row tile's scales of one K tile are one block (128 // group a row, row after row), blocks K tile after
+    K tile."""
+    n, groups = scale.shape
+    per_tile = TILE_K // group
+    return (scale.reshape(n // block_n, block_n, groups // per_tile, per_tile).transpose(1, 2).contiguous()
+            .reshape(n, groups))  # fmt: skip
 
 
 def warps_for(cfg: GemvConfig, programs: int, k: int, sms: int) -> int:
@@ -478,6 +527,8 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     (gemv_out.launch_args'): the one list the launch, bench/mma_sass.py and the sm_90 compile test share."""
     nt = 1 if m <= 8 else 2
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
-                PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs, STRIDE_W=stride_w,
-                STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
-                TILE=tile_asm(nt, cfg.mma_word_pairs), INTERLEAVE=cfg.mma_interleave_k)  # fmt: skip
+                PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs,
+                STRIDE_W=TILED_ROW_WORDS if cfg.mma_tiled else stride_w,
+                STRIDE_S=TILE_K // group if cfg.mma_tiled_scales else stride_s,
+                LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group), TILE=tile_asm(nt, cfg.mma_word_pairs),
+                INTERLEAVE=cfg.mma_interleave_k, TILED=cfg.mma_tiled, TILED_S=cfg.mma_tiled_scales)  # fmt: skip

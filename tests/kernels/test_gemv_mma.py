@@ -16,7 +16,7 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import LoraDelta
-from orbit_lightning.kernels.gemv_mma import _decode, mma_split, warps_for
+from orbit_lightning.kernels.gemv_mma import _decode, mma_split, tile_scales, tile_words, warps_for
 
 from orbit_lightning import kernels
 from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
@@ -53,7 +53,8 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 @pytest.mark.usefixtures("cpu_kernels")
 @pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
                                   "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64",
-                                  "interleaved-k", "pairs-interleaved-k"])
+                                  "interleaved-k", "pairs-interleaved-k", "tiled-two-rowtiles",
+                                  "pairs-tiled-interleaved-k", "tiled-scales-g64"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -74,9 +75,21 @@ def test_mma_gemv_under_the_interpreter(case):
                                                mma_interleave_k=True), "int4"),
         "pairs-interleaved-k": (32, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4, mma_word_pairs=True,
                                                      mma_interleave_k=True), "int4"),
+        # the words in tile_words' layout: 3 programs of 2 row tiles, 2 warps of 2 steps each
+        "tiled-two-rowtiles": (96, 1024, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2,
+                                                    mma_tiled=True), "int4"),
+        "pairs-tiled-interleaved-k": (48, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4, mma_word_pairs=True,
+                                                           mma_interleave_k=True, mma_tiled=True,
+                                                           mma_tiled_scales=True), "int4"),
+        "tiled-scales-g64": (64, 1024, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2,
+                                                  mma_tiled_scales=True), "int4-g64"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = resolve(fmt, packed, stacked=False)
+    if cfg.mma_tiled:
+        wk = replace(wk, values=tile_words(wk.values, cfg.block_n))
+    if cfg.mma_tiled_scales:
+        wk = replace(wk, scale=tile_scales(wk.scale, cfg.block_n, wk.group))
     assert configs.mma_ok(wk, cfg)
     for m in (1, 3, 8, 9, 16):  # one n8 tile of activation rows (a partial one), two (one partial)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
