@@ -199,16 +199,6 @@ def section_tiled(deadline: float) -> None:
                             "tiled-s-il": dict(mma_tiled=True, mma_tiled_scales=True, mma_interleave_k=True)}, (1, 16))
 
 
-def _weights_for(w, cfg: GemvConfig):
-    """w as cfg's kernel reads it: the words and scales in tile_words' and tile_scales' layouts for mma_tiled and
-    mma_tiled_scales."""
-    if cfg.mma_tiled:
-        w = replace(w, values=gemv_mma.tile_words(w.values, cfg.block_n))
-    if cfg.mma_tiled_scales:
-        w = replace(w, scale=gemv_mma.tile_scales(w.scale, cfg.block_n, w.group))
-    return w
-
-
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:
     """The dispatch at `rows` rows against itself with its mma configs changed by each of `variants` (GemvConfig
     fields); three alternating rounds in one process, median graph_us, each output checked. Shapes the mma GEMV does
@@ -227,7 +217,8 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
                 cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
                 if cfg is not None and cfg.mma:
                     cfgs = {name: replace(cfg, **change) for name, change in variants.items()}
-                    runs = {name: functools.partial(gs.run_gemv, x, _weights_for(w, c), c) for name, c in cfgs.items()}
+                    runs = {name: functools.partial(gs.run_gemv, x, gemv_mma.as_read(w, c), c)
+                            for name, c in cfgs.items()}  # fmt: skip
                     bits = {name: fn() for name, fn in runs.items()}
                     same = [name for name in bits if "shipped" in bits and torch.equal(bits[name], bits["shipped"])]
                 else:  # (the dispatch, unchanged, in every variant's place)

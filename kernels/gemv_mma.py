@@ -33,6 +33,7 @@ summation. The LoRA epilogue (the adapters in the same launch, gemv_lora.py) is 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import triton
 import triton.language as tl
@@ -481,6 +482,16 @@ def tile_scales(scale: Tensor, block_n: int, group: int) -> Tensor:
     per_tile = TILE_K // group
     return (scale.reshape(n // block_n, block_n, groups // per_tile, per_tile).transpose(1, 2).contiguous()
             .reshape(n, groups))  # fmt: skip
+
+
+def as_read(w: PackedWeight, cfg: GemvConfig) -> PackedWeight:
+    """Row-major `w` in the layouts cfg's kernel reads: tile_words' and tile_scales' for mma_tiled and
+    mma_tiled_scales (new tensors; itself otherwise)."""
+    if cfg.mma_tiled:
+        w = replace(w, values=tile_words(w.values, cfg.block_n))
+    if cfg.mma_tiled_scales:
+        w = replace(w, scale=tile_scales(w.scale, cfg.block_n, w.group))
+    return w
 
 
 def warps_for(cfg: GemvConfig, programs: int, k: int, sms: int) -> int:

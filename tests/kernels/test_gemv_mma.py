@@ -16,7 +16,7 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import LoraDelta
-from orbit_lightning.kernels.gemv_mma import _decode, mma_split, tile_scales, tile_words, warps_for
+from orbit_lightning.kernels.gemv_mma import _decode, as_read, mma_split, warps_for
 
 from orbit_lightning import kernels
 from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
@@ -85,11 +85,7 @@ def test_mma_gemv_under_the_interpreter(case):
                                                   mma_tiled_scales=True), "int4-g64"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
-    wk = resolve(fmt, packed, stacked=False)
-    if cfg.mma_tiled:
-        wk = replace(wk, values=tile_words(wk.values, cfg.block_n))
-    if cfg.mma_tiled_scales:
-        wk = replace(wk, scale=tile_scales(wk.scale, cfg.block_n, wk.group))
+    wk = as_read(resolve(fmt, packed, stacked=False), cfg)
     assert configs.mma_ok(wk, cfg)
     for m in (1, 3, 8, 9, 16):  # one n8 tile of activation rows (a partial one), two (one partial)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
@@ -140,6 +136,11 @@ CASES = {  # name: (format, N, K, config)
     "pairs-9-16-rows-interleaved-k": ("int4", 4096, 4096, replace(configs._at_rows(_MMA, 16), mma_interleave_k=True)),
     "long-k-shipped-g128": ("int4-g128", 2048, 16384, configs._GEMV_MMA_LONG_K),  # two row tiles, interleaved K
     "long-k-runs": ("int4", 1024, 16384, replace(configs._GEMV_MMA_LONG_K, mma_interleave_k=False)),
+    # words and scales in tile_words' / tile_scales' layouts (the probe of bench/mma_sweep.py's tiled section)
+    "tiled-shipped": ("int4", 4096, 4096, replace(_MMA, mma_tiled=True, mma_tiled_scales=True)),
+    "tiled-9-16-rows-g128": ("int4-g128", 2048, 4096, replace(configs._at_rows(_MMA, 16), mma_tiled=True,
+                                                                mma_tiled_scales=True)),
+    "tiled-long-k": ("int4", 1024, 16384, replace(configs._GEMV_MMA_LONG_K, mma_tiled=True, mma_tiled_scales=True)),
 }
 
 
@@ -148,7 +149,8 @@ CASES = {  # name: (format, N, K, config)
 def test_gpu_mma_gemv_matches_fp64_deterministically(case):
     fmt, n, k, cfg = CASES[case]
     packed, w = random_weight(fmt, (n, k), seed=2, device="cuda")
-    wk = resolve(fmt, packed, stacked=False)
+    rows = resolve(fmt, packed, stacked=False)
+    wk = as_read(rows, cfg)
     assert configs.mma_ok(wk, cfg)
     for m in (1, 3, 8, 9, 16):  # one n8 tile of activation rows (a partial one), two (one partial)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -156,8 +158,12 @@ def test_gpu_mma_gemv_matches_fp64_deterministically(case):
         ref = x.double() @ w.T
         assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
         assert torch.equal(y, gemv.gemv(x, wk, torch.empty_like(y), cfg, _tickets, True))
+        if cfg.mma_tiled:  # the same products in the same order as the row-major layout's
+            plain = replace(cfg, mma_tiled=False, mma_tiled_scales=False)
+            assert torch.equal(y, gemv.gemv(x, rows, torch.empty_like(y), plain, _tickets, True))
         # The tile kernels multiply the same bf16 weights; only the fp32 summation order differs.
-        split = gemv.gemv(x, wk, torch.empty_like(y), next(c for b, c in configs.GEMV_TILES if m <= b), _tickets, True)
+        split = gemv.gemv(x, rows, torch.empty_like(y), next(c for b, c in configs.GEMV_TILES if m <= b), _tickets,
+                          True)  # fmt: skip
         assert_within(y, split.double(), matmul_bound(x, w, ref, 2.0**-8))
 
 
