@@ -6,7 +6,7 @@ mix, and the order of its loads (L) and mmas (H).
 
 A config is mt{row tiles a warp}-nt{n8 tiles of activation rows: 1 up to 8 rows, 2 up to 16}-u{K tiles a step}, -p
 for the word-pair lane layout (GemvConfig.mma_word_pairs), -i for the warps on alternate K steps (mma_interleave_k)
-and -t for the words in gemv_mma.tile_words' layout (mma_tiled).
+and -t for the words and scales in gemv_mma.tile_words' / tile_scales' layouts (mma_tiled).
 
 Why: the device's triton (3.6) and this machine's (3.9) bundle different ptxas, and they allocated the same loop 117
 and 80 registers (bench/RESULTS.md, "Kernels", twenty-seventh session). With another triton unpacked in a directory

@@ -10,11 +10,11 @@ shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 an
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
 A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint
 and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating; interleave: with
-the warps on alternate K steps (GemvConfig.mma_interleave_k); tiled: reading the words in gemv_mma.tile_words'
-layout (GemvConfig.mma_tiled), the shipped kernel's bits. (The adjacent-nibble decode the thirtieth session
-measured with wide and ab is at commit cb3ff11; the two accumulator chains of the thirty-third session,
-GemvConfig.mma_acc_sets and mma_split_tile with the sets section, at d8e302e; the next step's loads first, the
-thirty-sixth session's early section and GemvConfig.mma_early_loads, at 2b1fc3b.)
+the warps on alternate K steps (GemvConfig.mma_interleave_k); tiled: reading the words and scales in
+gemv_mma.tile_words' and tile_scales' layouts (GemvConfig.mma_tiled), the shipped kernel's bits. (The
+adjacent-nibble decode the thirtieth session measured with wide and ab is at commit cb3ff11; the two accumulator
+chains of the thirty-third session, GemvConfig.mma_acc_sets and mma_split_tile with the sets section, at d8e302e;
+the next step's loads first, the thirty-sixth session's early section and GemvConfig.mma_early_loads, at 2b1fc3b.)
 (These sections were in gemv_sweep.py until the thirtieth session; bench/RESULTS.md's entries before it cite them
 there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commit af41f3c.)
 """
@@ -189,14 +189,13 @@ def section_interleave(deadline: float) -> None:
 
 
 def section_tiled(deadline: float) -> None:
-    """The dispatch at 1 and 16 rows against itself reading the words in gemv_mma.tile_words' layout (a warp's step one
-    contiguous stretch of block_n * 64 bytes a K tile, not 64 bytes of each row a row apart), with its own K
-    assignment, with the scales tiled likewise (tile_scales), and with the warps on alternate K steps (then the
-    program reads one stretch of NW steps at a time).
-    The outputs must be the shipped kernel's bits: the same products in the same order."""
+    """The dispatch at 1 and 16 rows against itself reading the words and scales in gemv_mma.tile_words' /
+    tile_scales' layouts (GemvConfig.mma_tiled: a warp's step one contiguous stretch of 1024 bytes a row tile and K
+    tile, not 64 bytes of each of 16 rows a row apart), and with the warps on alternate K steps everywhere. The
+    outputs must be the shipped kernel's bits (the same products in the same order; interleaved K sums in another).
+    (Words alone and scales alone were separate switches at e883e11.)"""
     _dispatch_ab(deadline, {"shipped": {}, "tiled": dict(mma_tiled=True),
-                            "tiled-s": dict(mma_tiled=True, mma_tiled_scales=True),
-                            "tiled-s-il": dict(mma_tiled=True, mma_tiled_scales=True, mma_interleave_k=True)}, (1, 16))
+                            "tiled-il": dict(mma_tiled=True, mma_interleave_k=True)}, (1, 16))
 
 
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:

@@ -128,10 +128,10 @@ class GemvConfig:
     # the program's warps take alternate steps of K (warp w steps w, w + NW, ...) instead of a run each: at any time
     # the program reads NW * 64 * mma_tiles adjacent bytes of each row, not NW runs far apart (DRAM page locality)
     mma_interleave_k: bool = False
-    # the words in gemv_mma.tile_words' layout (block_n-row tiles, one K tile's block contiguous): a warp's step reads
-    # one stretch of block_n * 64 bytes a K tile, not 64 bytes of each row a row apart (a probe of DRAM locality)
+    # the words and scales in gemv_mma.tile_words' / tile_scales' layouts (16-row tiles, one K tile's block
+    # contiguous): a warp's step reads one stretch of 1024 bytes a row tile and K tile, not 64 bytes of each of 16 rows
+    # a row apart (+8 % on an H200, bench/RESULTS.md thirty-seventh session; groups of at most 128)
     mma_tiled: bool = False
-    mma_tiled_scales: bool = False  # the scales in gemv_mma.tile_scales' layout likewise (groups of at most 128)
 
     @property
     def launch_options(self) -> dict:
@@ -299,7 +299,8 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
     step = TILE_K * cfg.mma_tiles
     return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
             and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
-            and w.values.data_ptr() % 16 == 0 and (not cfg.mma_word_pairs or w.scale.data_ptr() % 8 == 0))  # fmt: skip
+            and w.values.data_ptr() % 16 == 0 and (not cfg.mma_word_pairs or w.scale.data_ptr() % 8 == 0)
+            and (not cfg.mma_tiled or w.group <= TILE_K))  # fmt: skip
 
 
 def max_row_tiles(rows: int, block_m: int, experts: int) -> int:

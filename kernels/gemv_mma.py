@@ -172,17 +172,33 @@ _LOAD_X = tl.constexpr(_load_x_asm((0, 16, 32, 48)))  # words 4t..4t+3: 64 conti
 _LOAD_X_PAIRS = tl.constexpr(_load_x_asm((0, 16, 128, 144)))  # words 2t, 2t + 1 and 2t + 8, 2t + 9
 # Bytes one K tile advances a lane's addresses: its words, its activations, and its scales (by group size).
 _W_BYTES = tl.constexpr(TILE_K // 2)
+# tile_words' layout (GemvConfig.mma_tiled): blocks of TILE_ROWS rows x one K tile, a row's 64 bytes after another's.
+TILE_ROWS = 16
+_TILE_ROWS = tl.constexpr(TILE_ROWS)
+_TILE_ROW_BYTES = tl.constexpr(TILE_K // 2)
 _X_BYTES = tl.constexpr(TILE_K * 2)
 
 
 @triton.jit
+def _w_ktile(TILED: tl.constexpr):
+    """Bytes from a row's words of one K tile to the next: 64 row-major, a block tiled."""
+    return _TILE_ROWS * _TILE_ROW_BYTES if TILED else _W_BYTES
+
+
+@triton.jit
+def _s_ktile(TILED: tl.constexpr, GROUP: tl.constexpr):
+    """Bytes from a row's scales of one K tile to the next."""
+    return (_TILE_ROWS if TILED else 1) * (_TILE_K // GROUP) * 2
+
+
+@triton.jit
 def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: tl.constexpr, LOAD: tl.constexpr,
-                 PAIRS: tl.constexpr):  # fmt: skip
+                 PAIRS: tl.constexpr, TILED: tl.constexpr = False):  # fmt: skip
     """The lane's words and scales of rows g and g + 8 (10 registers, 12 with PAIRS) at byte addresses wa (row g's
-    words) and sa (its scale); rows g + 8 are constant offsets (the strides are compile-time), which ptxas folds into
-    the loads."""
-    wb = wa + 8 * 4 * STRIDE_W
-    sb = sa + 8 * 2 * STRIDE_S
+    words) and sa (its scale); rows g + 8 are constant offsets (the strides are compile-time; TILED: tile_words'
+    layout, 8 rows of a block on), which ptxas folds into the loads."""
+    wb = wa + (8 * _TILE_ROW_BYTES if TILED else 8 * 4 * STRIDE_W)
+    sb = sa + (8 * (_TILE_K // GROUP) * 2 if TILED else 8 * 2 * STRIDE_S)
     if _EMULATE:
         return emulate.load_w_rows(wa, wb, sa, sb, PAIRS, GROUP)
     if PAIRS:  # (the selector of _load_w_asm's group-32 permute: lanes t >= 2 take the high halves)
@@ -206,21 +222,20 @@ def _load_x(xa, PAIRS: tl.constexpr):
 @triton.jit
 def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: tl.constexpr,
                   U: tl.constexpr, MT: tl.constexpr, LOAD: tl.constexpr, PAIRS: tl.constexpr,
-                  W_KTILE: tl.constexpr = _W_BYTES, S_KTILE: tl.constexpr = 0):  # fmt: skip
+                  TILED: tl.constexpr = False):  # fmt: skip
     """_load_w_rows of U adjacent K tiles for each of the MT row tiles, tile-major. w_lane / s_lane: tuples of B
     lane_addresses at the first of them; row tile m reads base m % B, 16 (m // B) rows on. One base serves every
     row tile of one weight as compile-time offsets (two live 64-bit addresses a base took MT = 2 past 128
     registers, tests/kernels/test_compile_sm90.py); separate weights (SwiGLU's gate and up) take one base each.
-    W_KTILE / S_KTILE: bytes from a row's words / scales of one K tile to the next (64 / 2 * 128 // GROUP row-major,
-    the default; BN times that in tile_words' layout)."""
-    S_STEP: tl.constexpr = S_KTILE if S_KTILE else (_TILE_K // GROUP) * 2
+    TILED: the words and scales in tile_words' / tile_scales' layouts, where a row tile is 16 rows of blocks on as
+    in row-major, and the next K tile a block on."""
     B: tl.constexpr = len(w_lane)
     out = ()
     for u in tl.static_range(U):
         for m in tl.static_range(MT):
-            out = out + (_load_w_rows(w_lane[m % B] + (16 * (m // B) * 4 * STRIDE_W + u * W_KTILE),
-                                      s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + u * S_STEP),
-                                      STRIDE_W, STRIDE_S, GROUP, LOAD, PAIRS),)  # fmt: skip
+            out = out + (_load_w_rows(w_lane[m % B] + (16 * (m // B) * 4 * STRIDE_W + u * _w_ktile(TILED)),
+                                      s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + u * _s_ktile(TILED, GROUP)),
+                                      STRIDE_W, STRIDE_S, GROUP, LOAD, PAIRS, TILED),)  # fmt: skip
     return out
 
 
@@ -259,27 +274,23 @@ def _advance(addresses, by):
 
 @triton.jit
 def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, PAIRS: tl.constexpr,
-                   TILED_BN: tl.constexpr = 0, TILED_S_BN: tl.constexpr = 0):
+                   TILED: tl.constexpr = False):  # fmt: skip
     """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t, with PAIRS 16t) and of
-    their scale (with PAIRS the scale of K = k_lo): the main loop only advances them. TILED_BN: the words are in
-    tile_words' layout of TILED_BN-row tiles (stride_wn is still the row-major row's words, K / 8); TILED_S_BN: the
-    scales in tile_scales' (stride_sn the row-major row's scales)."""
+    their scale (with PAIRS the scale of K = k_lo): the main loop only advances them. stride_wn / stride_sn: a
+    row-major row's words / scales; TILED: the words and scales in tile_words' / tile_scales' layouts."""
     kt = k_lo + (16 if PAIRS else 32) * (tl.arange(0, rows.shape[0]) % 4)
-    r = rows.to(tl.int64)
-    if TILED_BN:
-        tile_bytes = TILED_BN * 64  # one K tile of the row tile's words
-        w_lane = (w_ptr.to(tl.int64, bitcast=True) + (r // TILED_BN) * (TILED_BN * stride_wn * 4)
-                  + (kt // _TILE_K) * tile_bytes + (r % TILED_BN) * 64 + (kt % _TILE_K) // 2)  # fmt: skip
-    else:
-        w_lane = w_ptr.to(tl.int64, bitcast=True) + r * stride_wn * 4 + kt // 2
     ks = k_lo if PAIRS else kt
-    if TILED_S_BN:
-        per_tile: tl.constexpr = _TILE_K // GROUP  # scales of a row in one K tile
-        s_lane = (s_ptr.to(tl.int64, bitcast=True) + (r // TILED_S_BN) * (TILED_S_BN * stride_sn * 2)
-                  + (ks // _TILE_K) * (TILED_S_BN * per_tile * 2) + (r % TILED_S_BN) * (per_tile * 2)
-                  + ((ks % _TILE_K) // GROUP) * 2)  # fmt: skip
+    r = rows.to(tl.int64)
+    w_base, s_base = w_ptr.to(tl.int64, bitcast=True), s_ptr.to(tl.int64, bitcast=True)
+    if TILED:  # block (r // 16, K tile) starts where row-major row tile r // 16 does, plus the K tile's blocks
+        row_tile, row = r // _TILE_ROWS * _TILE_ROWS, r % _TILE_ROWS
+        w_lane = (w_base + row_tile * stride_wn * 4 + (kt // _TILE_K) * _w_ktile(TILED) + row * _TILE_ROW_BYTES
+                  + (kt % _TILE_K) // 2)  # fmt: skip
+        s_lane = (s_base + row_tile * stride_sn * 2 + (ks // _TILE_K) * _s_ktile(TILED, GROUP)
+                  + row * (_TILE_K // GROUP) * 2 + ((ks % _TILE_K) // GROUP) * 2)  # fmt: skip
     else:
-        s_lane = s_ptr.to(tl.int64, bitcast=True) + r * stride_sn * 2 + (ks // GROUP) * 2
+        w_lane = w_base + r * stride_wn * 4 + kt // 2
+        s_lane = s_base + r * stride_sn * 2 + (ks // GROUP) * 2
     return w_lane, s_lane
 
 
@@ -313,7 +324,7 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
                  NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, KSTEP: tl.constexpr,
-                 W_KTILE: tl.constexpr = _W_BYTES, S_KTILE: tl.constexpr = 0):  # fmt: skip
+                 TILED: tl.constexpr = False):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
     tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait). A trip
@@ -329,11 +340,11 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
     # a K tile at M = 1). Other warps hide their latency. (The loads first, 128 registers at 16 rows, lost 5 % overall
     # in the thirty-sixth session, as in the twenty-eighth: bench/RESULTS.md; the code is at 2b1fc3b.)
     for _i in range(U, tiles_per_warp, U):
-        w_lane = _advance(w_lane, KSTEP * U * W_KTILE)
-        s_lane = _advance(s_lane, KSTEP * U * (S_KTILE if S_KTILE else (_TILE_K // GROUP) * 2))
+        w_lane = _advance(w_lane, KSTEP * U * _w_ktile(TILED))
+        s_lane = _advance(s_lane, KSTEP * U * _s_ktile(TILED, GROUP))
         x_lane = _advance(x_lane, KSTEP * U * _X_BYTES)
         acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, W_KTILE, S_KTILE)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, TILED)
         x_nxt = _load_xs(x_lane, U, NT, PAIRS)
     return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
 
@@ -401,10 +412,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
                      ONE_ROW: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BR: tl.constexpr,
                      STAMPS: tl.constexpr, DIRECT: tl.constexpr, PAIRS: tl.constexpr, STRIDE_W: tl.constexpr,
                      STRIDE_S: tl.constexpr, TILE: tl.constexpr, INTERLEAVE: tl.constexpr,
-                     TILED: tl.constexpr, TILED_S: tl.constexpr):  # fmt: skip
+                     TILED: tl.constexpr):  # fmt: skip
     BN: tl.constexpr = 16 * MT
-    W_KTILE: tl.constexpr = BN * 64 if TILED else _W_BYTES
-    S_KTILE: tl.constexpr = BN * (_TILE_K // GROUP) * 2 if TILED_S else 0
     stamp(stamp_ptr, tl.program_id(0), 0, STAMPS)
     pid_n, _split, _m_tile, is_rank = flat_program(N, 1, N_A, BN)
     if is_rank:
@@ -418,18 +427,16 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         g = (lane % 32) // 4
         # (the host picks warps that divide K's tiles): a run of them each, or with INTERLEAVE alternate steps
         k_lo = warp * (U if INTERLEAVE else tiles_per_warp) * _TILE_K
-        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, K // 8 if TILED else STRIDE_W,
-                                        K // GROUP if TILED_S else STRIDE_S, GROUP, PAIRS, BN if TILED else 0,
-                                        BN if TILED_S else 0)  # fmt: skip
+        w_lane, s_lane = lane_addresses(w_ptr, s_ptr, pid_n * BN + g, k_lo, STRIDE_W, STRIDE_S, GROUP, PAIRS, TILED)
         w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (_load_weights)
         x_lane = activation_lanes(x_ptr, g, M, k_lo, stride_xm, NT, PAIRS)
         # frozen weights: loaded before the PDL wait
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, W_KTILE, S_KTILE)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, TILED)
         wait_for_producers(PDL, False)
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, PAIRS, TILE, NW if INTERLEAVE else 1, W_KTILE, S_KTILE)
+                           NW, PAIRS, TILE, NW if INTERLEAVE else 1, TILED)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles
@@ -460,38 +467,32 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
 
 
-# tile_words' layout: a row tile's words of one K tile are one contiguous block, rows 64 bytes apart (16 words).
-TILED_ROW_WORDS = TILE_K // 8
-
-
-def tile_words(values: Tensor, block_n: int) -> Tensor:
-    """int4 words [N, K / 8] (row-major) in the layout GemvConfig.mma_tiled reads, same shape: the words of rows
-    block_n * i .. + block_n - 1 and K tile j are block (i, j) of block_n * 64 contiguous bytes, row after row, and
-    blocks run K tile after K tile. A warp's step then reads one contiguous stretch (block_n * 64 bytes a K tile)
-    instead of 64 bytes from each of block_n rows a row apart."""
+def tile_words(values: Tensor) -> Tensor:
+    """int4 words [N, K / 8] (row-major, N a multiple of 16) in the layout GemvConfig.mma_tiled reads, same shape:
+    the words of rows 16 i .. 16 i + 15 in K tile j (128 values, 64 bytes a row) are one 1024-byte block, row after
+    row; the blocks of rows 16 i run K tile after K tile, where row-major rows 16 i .. 16 i + 15 are. A warp's step
+    then reads one contiguous stretch a K tile instead of 64 bytes from each of 16 rows a row apart."""
     n, kw = values.shape
-    return (values.reshape(n // block_n, block_n, kw // TILED_ROW_WORDS, TILED_ROW_WORDS).transpose(1, 2)
-            .contiguous().reshape(n, kw))  # fmt: skip
+    words = TILE_K // 8
+    return (values.reshape(n // TILE_ROWS, TILE_ROWS, kw // words, words).transpose(1, 2).contiguous()
+            .reshape(n, kw))  # fmt: skip
 
 
-def tile_scales(scale: Tensor, block_n: int, group: int) -> Tensor:
-    """bf16 scales [N, K / group] (row-major, group <= 128) in the layout GemvConfig.mma_tiled_scales reads, same
-    shape: a row tile's scales of one K tile are one block (128 // group a row, row after row), blocks K tile after
-    K tile."""
+def tile_scales(scale: Tensor, group: int) -> Tensor:
+    """bf16 scales [N, K / group] (row-major, group <= 128) in tile_words' layout: a row tile's scales of one K tile
+    (128 // group a row) one block, blocks K tile after K tile."""
     n, groups = scale.shape
     per_tile = TILE_K // group
-    return (scale.reshape(n // block_n, block_n, groups // per_tile, per_tile).transpose(1, 2).contiguous()
+    return (scale.reshape(n // TILE_ROWS, TILE_ROWS, groups // per_tile, per_tile).transpose(1, 2).contiguous()
             .reshape(n, groups))  # fmt: skip
 
 
 def as_read(w: PackedWeight, cfg: GemvConfig) -> PackedWeight:
-    """Row-major `w` in the layouts cfg's kernel reads: tile_words' and tile_scales' for mma_tiled and
-    mma_tiled_scales (new tensors; itself otherwise)."""
-    if cfg.mma_tiled:
-        w = replace(w, values=tile_words(w.values, cfg.block_n))
-    if cfg.mma_tiled_scales:
-        w = replace(w, scale=tile_scales(w.scale, cfg.block_n, w.group))
-    return w
+    """Row-major `w` in the layout cfg's kernel reads: tile_words' and tile_scales' for mma_tiled (new tensors;
+    itself otherwise)."""
+    if not cfg.mma_tiled:
+        return w
+    return replace(w, values=tile_words(w.values), scale=tile_scales(w.scale, w.group))
 
 
 def warps_for(cfg: GemvConfig, programs: int, k: int, sms: int) -> int:
@@ -539,7 +540,6 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     nt = 1 if m <= 8 else 2
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs,
-                STRIDE_W=TILED_ROW_WORDS if cfg.mma_tiled else stride_w,
-                STRIDE_S=TILE_K // group if cfg.mma_tiled_scales else stride_s,
-                LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group), TILE=tile_asm(nt, cfg.mma_word_pairs),
-                INTERLEAVE=cfg.mma_interleave_k, TILED=cfg.mma_tiled, TILED_S=cfg.mma_tiled_scales)  # fmt: skip
+                STRIDE_W=stride_w, STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
+                TILE=tile_asm(nt, cfg.mma_word_pairs), INTERLEAVE=cfg.mma_interleave_k,
+                TILED=cfg.mma_tiled)  # fmt: skip

@@ -54,7 +54,7 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 @pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
                                   "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64",
                                   "interleaved-k", "pairs-interleaved-k", "tiled-two-rowtiles",
-                                  "pairs-tiled-interleaved-k", "tiled-scales-g64"])
+                                  "pairs-tiled-interleaved-k", "tiled-g64"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -75,14 +75,14 @@ def test_mma_gemv_under_the_interpreter(case):
                                                mma_interleave_k=True), "int4"),
         "pairs-interleaved-k": (32, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4, mma_word_pairs=True,
                                                      mma_interleave_k=True), "int4"),
-        # the words in tile_words' layout: 3 programs of 2 row tiles, 2 warps of 2 steps each
+        # words and scales in tile_words' / tile_scales' layouts: 3 programs of 2 row tiles (two 16-row blocks apart),
+        # 2 warps of 2 steps each
         "tiled-two-rowtiles": (96, 1024, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2,
                                                     mma_tiled=True), "int4"),
         "pairs-tiled-interleaved-k": (48, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4, mma_word_pairs=True,
-                                                           mma_interleave_k=True, mma_tiled=True,
-                                                           mma_tiled_scales=True), "int4"),
-        "tiled-scales-g64": (64, 1024, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2,
-                                                  mma_tiled_scales=True), "int4-g64"),
+                                                           mma_interleave_k=True, mma_tiled=True), "int4"),
+        "tiled-g64": (64, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2, mma_tiled=True),
+                      "int4-g64"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
     wk = as_read(resolve(fmt, packed, stacked=False), cfg)
@@ -137,10 +137,9 @@ CASES = {  # name: (format, N, K, config)
     "long-k-shipped-g128": ("int4-g128", 2048, 16384, configs._GEMV_MMA_LONG_K),  # two row tiles, interleaved K
     "long-k-runs": ("int4", 1024, 16384, replace(configs._GEMV_MMA_LONG_K, mma_interleave_k=False)),
     # words and scales in tile_words' / tile_scales' layouts (the probe of bench/mma_sweep.py's tiled section)
-    "tiled-shipped": ("int4", 4096, 4096, replace(_MMA, mma_tiled=True, mma_tiled_scales=True)),
-    "tiled-9-16-rows-g128": ("int4-g128", 2048, 4096, replace(configs._at_rows(_MMA, 16), mma_tiled=True,
-                                                                mma_tiled_scales=True)),
-    "tiled-long-k": ("int4", 1024, 16384, replace(configs._GEMV_MMA_LONG_K, mma_tiled=True, mma_tiled_scales=True)),
+    "tiled-shipped": ("int4", 4096, 4096, replace(_MMA, mma_tiled=True)),
+    "tiled-9-16-rows-g128": ("int4-g128", 2048, 4096, replace(configs._at_rows(_MMA, 16), mma_tiled=True)),
+    "tiled-long-k": ("int4", 1024, 16384, replace(configs._GEMV_MMA_LONG_K, mma_tiled=True)),  # two row tiles
 }
 
 
@@ -159,7 +158,7 @@ def test_gpu_mma_gemv_matches_fp64_deterministically(case):
         assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
         assert torch.equal(y, gemv.gemv(x, wk, torch.empty_like(y), cfg, _tickets, True))
         if cfg.mma_tiled:  # the same products in the same order as the row-major layout's
-            plain = replace(cfg, mma_tiled=False, mma_tiled_scales=False)
+            plain = replace(cfg, mma_tiled=False)
             assert torch.equal(y, gemv.gemv(x, rows, torch.empty_like(y), plain, _tickets, True))
         # The tile kernels multiply the same bf16 weights; only the fp32 summation order differs.
         split = gemv.gemv(x, rows, torch.empty_like(y), next(c for b, c in configs.GEMV_TILES if m <= b), _tickets,
