@@ -170,19 +170,19 @@ def _load_x_asm(offsets: tuple[int, ...]) -> str:
 
 _LOAD_X = tl.constexpr(_load_x_asm((0, 16, 32, 48)))  # words 4t..4t+3: 64 contiguous bytes
 _LOAD_X_PAIRS = tl.constexpr(_load_x_asm((0, 16, 128, 144)))  # words 2t, 2t + 1 and 2t + 8, 2t + 9
-# Bytes one K tile advances a lane's addresses: its words, its activations, and its scales (by group size).
+# Bytes of a row's K tile, which advance a lane's row-major addresses a K tile: its words, its activations, and its
+# scales (by group size).
 _W_BYTES = tl.constexpr(TILE_K // 2)
 # tile_words' layout (GemvConfig.mma_tiled): blocks of TILE_ROWS rows x one K tile, a row's 64 bytes after another's.
 TILE_ROWS = 16
 _TILE_ROWS = tl.constexpr(TILE_ROWS)
-_TILE_ROW_BYTES = tl.constexpr(TILE_K // 2)
 _X_BYTES = tl.constexpr(TILE_K * 2)
 
 
 @triton.jit
 def _w_ktile(TILED: tl.constexpr):
     """Bytes from a row's words of one K tile to the next: 64 row-major, a block tiled."""
-    return _TILE_ROWS * _TILE_ROW_BYTES if TILED else _W_BYTES
+    return (_TILE_ROWS if TILED else 1) * _W_BYTES
 
 
 @triton.jit
@@ -197,7 +197,7 @@ def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: 
     """The lane's words and scales of rows g and g + 8 (10 registers, 12 with PAIRS) at byte addresses wa (row g's
     words) and sa (its scale); rows g + 8 are constant offsets (the strides are compile-time; TILED: tile_words'
     layout, 8 rows of a block on), which ptxas folds into the loads."""
-    wb = wa + (8 * _TILE_ROW_BYTES if TILED else 8 * 4 * STRIDE_W)
+    wb = wa + (8 * _W_BYTES if TILED else 8 * 4 * STRIDE_W)
     sb = sa + (8 * (_TILE_K // GROUP) * 2 if TILED else 8 * 2 * STRIDE_S)
     if _EMULATE:
         return emulate.load_w_rows(wa, wb, sa, sb, PAIRS, GROUP)
@@ -284,7 +284,7 @@ def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.con
     w_base, s_base = w_ptr.to(tl.int64, bitcast=True), s_ptr.to(tl.int64, bitcast=True)
     if TILED:  # block (r // 16, K tile) starts where row-major row tile r // 16 does, plus the K tile's blocks
         row_tile, row = r // _TILE_ROWS * _TILE_ROWS, r % _TILE_ROWS
-        w_lane = (w_base + row_tile * stride_wn * 4 + (kt // _TILE_K) * _w_ktile(TILED) + row * _TILE_ROW_BYTES
+        w_lane = (w_base + row_tile * stride_wn * 4 + (kt // _TILE_K) * _w_ktile(TILED) + row * _W_BYTES
                   + (kt % _TILE_K) // 2)  # fmt: skip
         s_lane = (s_base + row_tile * stride_sn * 2 + (ks // _TILE_K) * _s_ktile(TILED, GROUP)
                   + row * (_TILE_K // GROUP) * 2 + ((ks % _TILE_K) // GROUP) * 2)  # fmt: skip
