@@ -48,6 +48,11 @@ def test_the_mma_kernel_serves_only_what_it_reads():
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
     assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
+    packed, _ = random_weight("int4-g128", (64, 512), seed=0)
+    g128 = resolve("int4-g128", packed, stacked=False)  # and as if its groups were 256 wide, wider than a K tile:
+    g256 = replace(g128, scale=g128.scale[:, ::2].contiguous(), group=256)  # the tiled layout has no block for them
+    assert configs.mma_ok(g256, cfg) and not configs.mma_ok(g256, replace(cfg, mma_tiled=True))
+    assert configs.mma_ok(g128, replace(cfg, mma_tiled=True))
 
 
 @pytest.mark.usefixtures("cpu_kernels")
