@@ -173,10 +173,10 @@ _LOAD_X_PAIRS = tl.constexpr(_load_x_asm((0, 16, 128, 144)))  # words 2t, 2t + 1
 # Bytes of a row's K tile, which advance a lane's row-major addresses a K tile: its words, its activations, and its
 # scales (by group size).
 _W_BYTES = tl.constexpr(TILE_K // 2)
+_X_BYTES = tl.constexpr(TILE_K * 2)
 # tile_words' layout (GemvConfig.mma_tiled): blocks of TILE_ROWS rows x one K tile, a row's 64 bytes after another's.
 TILE_ROWS = 16
 _TILE_ROWS = tl.constexpr(TILE_ROWS)
-_X_BYTES = tl.constexpr(TILE_K * 2)
 
 
 @triton.jit
@@ -467,24 +467,30 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
 
 
+def _row_tile_blocks(t: Tensor, per_tile: int, what: str) -> Tensor:
+    """t [N, C] (row-major) as blocks of TILE_ROWS rows x per_tile columns, each contiguous row after row, the blocks
+    of a row tile column block after column block; same shape."""
+    n, c = t.shape
+    if n % TILE_ROWS or c % per_tile:
+        raise ValueError(f"{what} {tuple(t.shape)}: the tiled layout needs rows in multiples of {TILE_ROWS} and "
+                         f"columns in multiples of {per_tile} (whole K tiles of {TILE_K})")
+    return t.reshape(n // TILE_ROWS, TILE_ROWS, c // per_tile, per_tile).transpose(1, 2).contiguous().reshape(n, c)
+
+
 def tile_words(values: Tensor) -> Tensor:
     """int4 words [N, K / 8] (row-major, N a multiple of 16) in the layout GemvConfig.mma_tiled reads, same shape:
     the words of rows 16 i .. 16 i + 15 in K tile j (128 values, 64 bytes a row) are one 1024-byte block, row after
     row; the blocks of rows 16 i run K tile after K tile, where row-major rows 16 i .. 16 i + 15 are. A warp's step
     then reads one contiguous stretch a K tile instead of 64 bytes from each of 16 rows a row apart."""
-    n, kw = values.shape
-    words = TILE_K // 8
-    return (values.reshape(n // TILE_ROWS, TILE_ROWS, kw // words, words).transpose(1, 2).contiguous()
-            .reshape(n, kw))  # fmt: skip
+    return _row_tile_blocks(values, TILE_K // 8, "int4 words")
 
 
 def tile_scales(scale: Tensor, group: int) -> Tensor:
     """bf16 scales [N, K / group] (row-major, group <= 128) in tile_words' layout: a row tile's scales of one K tile
     (128 // group a row) one block, blocks K tile after K tile."""
-    n, groups = scale.shape
-    per_tile = TILE_K // group
-    return (scale.reshape(n // TILE_ROWS, TILE_ROWS, groups // per_tile, per_tile).transpose(1, 2).contiguous()
-            .reshape(n, groups))  # fmt: skip
+    if group > TILE_K:
+        raise ValueError(f"the tiled layout takes scale groups of at most {TILE_K}, got {group}")
+    return _row_tile_blocks(scale, TILE_K // group, "scales")
 
 
 def as_read(w: PackedWeight, cfg: GemvConfig) -> PackedWeight:

@@ -16,7 +16,7 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import LoraDelta
-from orbit_lightning.kernels.gemv_mma import _decode, as_read, mma_split, warps_for
+from orbit_lightning.kernels.gemv_mma import _decode, as_read, mma_split, tile_scales, tile_words, warps_for
 
 from orbit_lightning import kernels
 from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
@@ -53,6 +53,10 @@ def test_the_mma_kernel_serves_only_what_it_reads():
     g256 = replace(g128, scale=g128.scale[:, ::2].contiguous(), group=256)  # the tiled layout has no block for them
     assert configs.mma_ok(g256, cfg) and not configs.mma_ok(g256, replace(cfg, mma_tiled=True))
     assert configs.mma_ok(g128, replace(cfg, mma_tiled=True))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        tile_words(torch.zeros(40, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="at most 128"):
+        tile_scales(g256.scale, 256)
 
 
 @pytest.mark.usefixtures("cpu_kernels")
