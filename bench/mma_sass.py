@@ -6,7 +6,7 @@ mix, and the order of its loads (L) and mmas (H).
 
 A config is mt{row tiles a warp}-nt{n8 tiles of activation rows: 1 up to 8 rows, 2 up to 16}-u{K tiles a step}, -p
 for the word-pair lane layout (GemvConfig.mma_word_pairs), -i for the warps on alternate K steps (mma_interleave_k)
-and -t for the words and scales in gemv_mma.tile_words' / tile_scales' layouts (mma_tiled).
+and -t for int4-tiled weights (quant/formats/tiled.py).
 
 Why: the device's triton (3.6) and this machine's (3.9) bundle different ptxas, and they allocated the same loop 117
 and 80 registers (bench/RESULTS.md, "Kernels", twenty-seventh session). With another triton unpacked in a directory
@@ -71,8 +71,8 @@ def compile_sass(mt: int, nt: int, u: int, k: int, lora: bool = False, num_warps
     """(SASS, cuobjdump's resource usage) of _gemv_mma_kernel for sm_90a, int4 g32 weights with K = k."""
     names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
     cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs,
-                     mma_interleave_k=interleave, mma_tiled=tiled)
-    const = dict(gemv_mma.kernel_constexprs(cfg, 1 if nt == 1 else 16, num_warps, 32, k // 8, k // 32, True),
+                     mma_interleave_k=interleave)
+    const = dict(gemv_mma.kernel_constexprs(cfg, 1 if nt == 1 else 16, num_warps, 32, k // 8, k // 32, True, tiled),
                  LORA=lora, BR=16, STAMPS=False)  # fmt: skip
     sig = {n: "constexpr" if n in const else _POINTERS.get(n, "i32") for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,

@@ -10,8 +10,8 @@ shipped configs at 1, 8, 9 and 16 rows against the dispatch; m16u: those at 9 an
 step. pairs: the word-pair lane layout against the 1-8-row one, and the dispatch with it at 9-16 rows (pairsab: that
 A/B alone). wide: the word-pair config that serves 9-16 rows, with one or two K tiles a step, its L2 prefetch hint
 and warps per SM. ab: the dispatch with its mma configs' L2 prefetch hint changed, alternating; interleave: with
-the warps on alternate K steps (GemvConfig.mma_interleave_k); tiled: reading the words and scales in
-gemv_mma.tile_words' and tile_scales' layouts (GemvConfig.mma_tiled), the shipped kernel's bits. (The
+the warps on alternate K steps (GemvConfig.mma_interleave_k); tiled: the dispatch on int4 weights against the same
+weights in int4-tiled's layout (quant/formats/tiled.py). (The
 adjacent-nibble decode the thirtieth session measured with wide and ab is at commit cb3ff11; the two accumulator
 chains of the thirty-third session, GemvConfig.mma_acc_sets and mma_split_tile with the sets section, at d8e302e;
 the next step's loads first, the thirty-sixth session's early section and GemvConfig.mma_early_loads, at 2b1fc3b.)
@@ -29,11 +29,13 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from orbit_lightning.kernels import configs, gemv_mma
+from orbit_lightning.kernels import configs
 from orbit_lightning.kernels.configs import GemvConfig
+from orbit_lightning.kernels.formats import resolve
 
 from orbit_lightning import kernels
 from orbit_lightning.quant.formats import get_format
+from orbit_lightning.quant.formats.tiled import tile_packed
 
 _spec = importlib.util.spec_from_file_location("gemv_sweep", os.path.join(os.path.dirname(__file__), "gemv_sweep.py"))
 gs = importlib.util.module_from_spec(_spec)
@@ -189,13 +191,42 @@ def section_interleave(deadline: float) -> None:
 
 
 def section_tiled(deadline: float) -> None:
-    """The dispatch at 1 and 16 rows against itself reading the words and scales in gemv_mma.tile_words' /
-    tile_scales' layouts (GemvConfig.mma_tiled: a warp's step one contiguous stretch of 1024 bytes a row tile and K
-    tile, not 64 bytes of each of 16 rows a row apart), and with the warps on alternate K steps everywhere. The
-    outputs must be the shipped kernel's bits (the same products in the same order; interleaved K sums in another).
-    (Words alone and scales alone were separate switches at e883e11.)"""
-    _dispatch_ab(deadline, {"shipped": {}, "tiled": dict(mma_tiled=True),
-                            "tiled-il": dict(mma_tiled=True, mma_interleave_k=True)}, (1, 16))
+    """The dispatch on int4 weights against the same weights in int4-tiled's layout (quant/formats/tiled.py: a warp's
+    step reads one contiguous stretch of 1024 bytes a row tile and K tile, not 64 bytes of each of 16 rows a row
+    apart), at 1 and 16 rows; three alternating rounds, median graph_us, each output checked. Tiled, the mma GEMV also
+    takes the 16-row tall weights the row-major dispatch gives wgmma_int4; where both run the mma GEMV on one config,
+    the outputs must be the same bits (the same products in the same order)."""
+    say("\n== int4 (row-major) against int4-tiled through the dispatch, graph_us us (median of 3 alternating "
+        "rounds) ==")
+    fmt = get_format("int4")
+    speedups: dict[tuple[int, str], list[float]] = {}
+    for model, layers in bk.DENSE.items():
+        for layer, n, k in layers:
+            if time.time() > deadline:
+                break
+            packed, w, wdq, wbf = layer_case(fmt, n, k)
+            tiled = tile_packed(packed, fmt.group_size)
+            wt = resolve("int4-tiled", tiled, stacked=False)
+            for m in (1, 16):
+                x = torch.randn(m, k, device="cuda").bfloat16()
+                cfg, cfg_t = (configs.pick_gemv(m, x.device, x.dtype, True, v) for v in (w, wt))
+                runs = {"int4": functools.partial(kernels.dequant_linear, x, "int4", packed),
+                        "int4-tiled": functools.partial(kernels.dequant_linear, x, "int4-tiled", tiled)}
+                same = cfg == cfg_t and torch.equal(runs["int4"](), runs["int4-tiled"]())
+                med = alternating_medians(runs, *reference(x, wdq))
+                b16 = graph_us(F.linear, x, wbf)
+                for name, v in med.items():
+                    speedups.setdefault((m, name), []).append(b16 / v)
+                kinds = [f"mma bn{c.block_n}" if c is not None and c.mma else "wgmma" for c in (cfg, cfg_t)]
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} {kinds[0]:9}/{kinds[1]:9} | bf16 {b16:6.1f} | " +
+                    " ".join(f"{v:6.2f}" for v in med.values()) + (" | the same bits" if same else ""))
+            del wdq, wbf
+            torch.cuda.empty_cache()
+    for name in ("int4", "int4-tiled"):
+        per_m = {m: gm(v) for (m, nm), v in speedups.items() if nm == name}
+        both = speedups.get((1, name), []) + speedups.get((16, name), [])
+        say(f"geomean x bf16 {name:14}: " + ", ".join(f"M={m} {g:.3f}" for m, g in per_m.items()) +
+            f"; M = 1 and 16 {gm(both):.3f}")
 
 
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:
@@ -216,8 +247,7 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
                 cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
                 if cfg is not None and cfg.mma:
                     cfgs = {name: replace(cfg, **change) for name, change in variants.items()}
-                    runs = {name: functools.partial(gs.run_gemv, x, gemv_mma.as_read(w, c), c)
-                            for name, c in cfgs.items()}  # fmt: skip
+                    runs = {name: functools.partial(gs.run_gemv, x, w, c) for name, c in cfgs.items()}
                     bits = {name: fn() for name, fn in runs.items()}
                     same = [name for name in bits if "shipped" in bits and torch.equal(bits[name], bits["shipped"])]
                 else:  # (the dispatch, unchanged, in every variant's place)

@@ -128,10 +128,6 @@ class GemvConfig:
     # the program's warps take alternate steps of K (warp w steps w, w + NW, ...) instead of a run each: at any time
     # the program reads NW * 64 * mma_tiles adjacent bytes of each row, not NW runs far apart (DRAM page locality)
     mma_interleave_k: bool = False
-    # the words and scales in gemv_mma.tile_words' / tile_scales' layouts (16-row tiles, one K tile's block
-    # contiguous): a warp's step reads one stretch of 1024 bytes a row tile and K tile, not 64 bytes of each of 16 rows
-    # a row apart (+8 % on an H200, bench/RESULTS.md thirty-seventh session; groups of at most 128)
-    mma_tiled: bool = False
 
     @property
     def launch_options(self) -> dict:
@@ -260,8 +256,10 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return _GEMV_CPU
     if not packed_int4:
         return None
-    if w is not None and (m <= MMA_MAX_M or (MMA_SHAPE_DISPATCH and (w.n * w.k <= MMA_SMALL_WEIGHT
-                                                                     or w.n < MMA_WIDE_MAX_N))):  # fmt: skip
+    # int4-tiled weights go to the mma GEMV at every size: tiled it beat wgmma_int4 on the tall ones too (H200,
+    # thirty-seventh session, bench/RESULTS.md), which reads only the row-major layout.
+    if w is not None and (m <= MMA_MAX_M or w.tiled or (MMA_SHAPE_DISPATCH and (w.n * w.k <= MMA_SMALL_WEIGHT
+                                                                                or w.n < MMA_WIDE_MAX_N))):  # fmt: skip
         for cfg in (_mma_config(m, w), _GEMV_MMA_ONE_TILE):
             cfg = _at_rows(cfg, m)
             if mma_ok(w, cfg):
@@ -297,10 +295,9 @@ def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:
     steps (mma_tiles of 128), N of block_n, contiguous words on 16 bytes and, for the word-pair layout, scales on 8
     (each lane loads a row's 8 bytes of scales of a K tile; the activations' alignment is the caller's to check)."""
     step = TILE_K * cfg.mma_tiles
-    return (w.fmt.code == INT4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
+    return (w.int4 and (w.experts is not None) == stacked and w.group >= 32 and w.k % step == 0
             and w.n % cfg.block_n == 0 and w.values.is_contiguous() and w.scale.is_contiguous()
-            and w.values.data_ptr() % 16 == 0 and (not cfg.mma_word_pairs or w.scale.data_ptr() % 8 == 0)
-            and (not cfg.mma_tiled or w.group <= TILE_K))  # fmt: skip
+            and w.values.data_ptr() % 16 == 0 and (not cfg.mma_word_pairs or w.scale.data_ptr() % 8 == 0))
 
 
 def max_row_tiles(rows: int, block_m: int, experts: int) -> int:

@@ -17,15 +17,28 @@ _MAGIC_INT4 = tl.constexpr(8388616.0)  # 2**23 + 8: also removes the +8 offset o
 
 
 @triton.jit
+def element_offset(r, c, row_len, PER: tl.constexpr, TILED: tl.constexpr):
+    """Offset of element (r, c) (broadcastable tensors) of an [N, row_len] packed tensor: row-major, or TILED in
+    int4-tiled's blocks of 16 rows x PER columns (a K tile's words or scales), each row after row, a row tile's
+    blocks one after another (quant/formats/tiled.py)."""
+    if TILED:
+        off = (r // 16) * (16 * row_len) + (c // PER) * (16 * PER) + (r % 16) * PER + c % PER
+    else:
+        off = r * row_len + c
+    return off
+
+
+@triton.jit
 def _load_words(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: tl.constexpr,
-                PER: tl.constexpr, K_EVEN: tl.constexpr):
-    """[ROWS, BK // PER] stored words holding W[rows, k0:k0+BK] (PER values each); 0 outside the matrix."""
+                PER: tl.constexpr, K_EVEN: tl.constexpr, TILED: tl.constexpr = False):
+    """[ROWS, BK // PER] stored words holding W[rows, k0:k0+BK] (PER values each); 0 outside the matrix. TILED:
+    int4 words in int4-tiled's layout (stride_wn is then the row-major row length, K / 8)."""
     cols = k0 // PER + tl.arange(0, BK // PER)
     if K_EVEN:  # no K mask: it would cap the vector width of the (async) loads
         mask = (rows[:, None] < N) & (cols[None, :] >= 0)
     else:
         mask = (rows[:, None] < N) & (cols[None, :] < n_words)
-    return tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0)
+    return tl.load(w_ptr + element_offset(rows[:, None], cols[None, :], stride_wn, 16, TILED), mask=mask, other=0)
 
 
 @triton.jit
@@ -136,7 +149,8 @@ def load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, gscale, FMT: tl.co
     also zeroes the weights they multiply. gscale: nvfp4's per-matrix scale (else unused).
 
     rows: int [ROWS] row (N) indices; k0 is a multiple of BK, and BK and GROUP are powers of two, so a
-    tile holds whole scale groups (BK >= GROUP) or lies inside one group (BK < GROUP).
+    tile holds whole scale groups (BK >= GROUP) or lies inside one group (BK < GROUP). FMT INT4_TILED: the scales
+    in int4-tiled's blocks (stride_sn is the row-major row length, n_groups).
     """
     if FMT == 4:  # plain weights carry no scales: a constant the decoder never reads
         s = tl.full((ROWS, 1), 1.0, tl.float32)
@@ -152,10 +166,12 @@ def load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, gscale, FMT: tl.co
                 smask = row_ok[:, None] & (g[None, :] >= 0)
             else:
                 smask = row_ok[:, None] & (g[None, :] < n_groups)
-            s = tl.load(s_ptr + srows[:, None] * stride_sn + g[None, :], mask=smask)
+            s = tl.load(s_ptr + element_offset(srows[:, None], g[None, :], stride_sn, 128 // GROUP, FMT == 5),
+                        mask=smask)
         else:
             smask = row_ok[:, None]
-            s = tl.load(s_ptr + srows * stride_sn + k0 // GROUP, mask=row_ok)[:, None]
+            s = tl.load(s_ptr + element_offset(srows, k0 // GROUP, stride_sn, 128 // GROUP, FMT == 5),
+                        mask=row_ok)[:, None]
         if FMT == 2:  # e8m0 exponent byte -> 2^(e-127) as fp32 bits (e = 0 decodes to 0, e = 255 to inf)
             s = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
         elif FMT == 3:  # fp8 block scale times the per-matrix fp32 global scale
@@ -173,7 +189,8 @@ def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, RO
     """[ROWS, BK] = W[rows, k0:k0+BK], zero outside the matrix; `scales` from load_scales.
 
     float32, or bf16 when FAST_INT4 (int4 only, GPU only): both give the same bf16 values.
-    FMT is one of formats.INT4 / FP8 / MXFP4 / NVFP4 / PLAIN (stored dtype). K_EVEN: K % BK == 0, so no tile crosses K.
+    FMT is one of formats.INT4 / FP8 / MXFP4 / NVFP4 / PLAIN (stored dtype) / INT4_TILED. K_EVEN: K % BK == 0, so no
+    tile crosses K.
     """
     if FMT == 4:  # plain (unquantized) weight: loaded as stored, so the tile loop serves bf16 matmuls too
         cols = k0 + tl.arange(0, BK)
@@ -183,15 +200,16 @@ def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, RO
             mask = (rows[:, None] < N) & (cols[None, :] < K)
         w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=mask, other=0.0)
     elif FAST_INT4:
-        words = _load_words(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, K_EVEN)
+        words = _load_words(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, K_EVEN, FMT == 5)
         if BK >= GROUP:  # one scale per word (a word's 8 values never straddle a group)
             word_scales = _expand_groups(scales, ROWS, BK // 8, GROUP // 8)
         else:
             word_scales = tl.broadcast_to(scales, (ROWS, BK // 8))
         w = _int4_to_bf16(words, word_scales.to(tl.bfloat16), ROWS, BK)
     else:
-        if FMT == 0:  # int4: q + 8 in 4-bit fields, 8 per int32
-            vals = int4_values(_load_words(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, K_EVEN), ROWS, BK)
+        if FMT == 0 or FMT == 5:  # int4 (row-major or tiled): q + 8 in 4-bit fields, 8 per int32
+            words = _load_words(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, K_EVEN, FMT == 5)
+            vals = int4_values(words, ROWS, BK)
         elif FMT == 1:  # fp8 e4m3
             cols = k0 + tl.arange(0, BK)
             if K_EVEN:
@@ -209,19 +227,20 @@ def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, RO
 
 @triton.jit
 def load_word_scales(s_ptr, rows, k0, N, n_groups, stride_sn, ROWS: tl.constexpr, BK: tl.constexpr,
-                     GROUP: tl.constexpr, K_EVEN: tl.constexpr):
+                     GROUP: tl.constexpr, K_EVEN: tl.constexpr, TILED: tl.constexpr = False):
     """int4 only: the bf16 scale of every stored word of W[rows, k0:k0+BK], as [ROWS, BK // 8] (0 for rows
     >= N and past K): the values load_scales + _expand_groups give, rounded to bf16 (exact, int4 scales
     are bf16). For kernels whose threads own single words (4-byte word loads): the addresses repeat along
     K, so the compiler orders the load by rows first; it is issued as [BK // 8, ROWS] and transposed,
-    which puts it in the register layout of the words themselves."""
+    which puts it in the register layout of the words themselves. TILED: int4-tiled's scales."""
     wc = k0 // 8 + tl.arange(0, BK // 8)
     g = wc // (GROUP // 8)  # GROUP >= 8: a word's 8 values share one group
     if K_EVEN:
         mask = (rows[None, :] < N) & (g[:, None] >= 0)
     else:
         mask = (rows[None, :] < N) & (g[:, None] < n_groups)
-    s = tl.load(s_ptr + rows[None, :] * stride_sn + g[:, None], mask=mask, other=0.0)
+    s = tl.load(s_ptr + element_offset(rows[None, :], g[:, None], stride_sn, 128 // GROUP, TILED), mask=mask,
+                other=0.0)
     return tl.trans(s).to(tl.bfloat16)
 
 

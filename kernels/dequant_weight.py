@@ -110,10 +110,12 @@ def _dequant_int4_kernel(
     K_EVEN: tl.constexpr,
     HAS_IDS: tl.constexpr,
     STORE_CACHE: tl.constexpr,
+    TILED: tl.constexpr,
 ):
     slot, e, rows, k0 = _tile_origin(ids_ptr, BN, BK, HAS_IDS)
-    words = _load_words(w_ptr + e * stride_we, rows, k0, N, K // 8, stride_wn, BN, BK, 8, K_EVEN)
-    word_scales = load_word_scales(s_ptr + e * stride_se, rows, k0, N, n_groups, stride_sn, BN, BK, GROUP, K_EVEN)
+    words = _load_words(w_ptr + e * stride_we, rows, k0, N, K // 8, stride_wn, BN, BK, 8, K_EVEN, TILED)
+    word_scales = load_word_scales(s_ptr + e * stride_se, rows, k0, N, n_groups, stride_sn, BN, BK, GROUP, K_EVEN,
+                                   TILED)
     w = _int4_to_bf16(words, word_scales, BN, BK)
     ptrs, mask = _out_tile(out_ptr, slot, rows, k0, N, K, stride_oe, stride_on, BK)
     tl.store(ptrs, w, mask=mask, cache_modifier=STORE_CACHE)
@@ -174,6 +176,7 @@ def dequantize(
                 K_EVEN=w.k % bk == 0,
                 HAS_IDS=ids is not None,
                 STORE_CACHE=INT4_STORE_CACHE,
+                TILED=w.tiled,
                 num_warps=warps,
             )
         else:

@@ -7,6 +7,8 @@ leading E dim to every tensor:
 
 - int4:  weight_packed int32 [N, K/8], value j of a word at bits 4j..4j+3 stored as q+8;
          weight_scale bf16 [N, ceil(K/g)]; w = q * scale.
+- int4-tiled: the same tensors, shapes and values in blocks of 16 rows x 128 values (quant/formats/tiled.py:
+         a block's 16 rows of words, or of scales, one after another; a row tile's blocks K tile after K tile).
 - fp8:   weight float8_e4m3fn [N, K]; weight_scale_inv float32 [ceil(N/128), ceil(K/128)].
 - mxfp4: weight_packed uint8 [N, K/2], low nibble = even k, e2m1 codes;
          weight_scale uint8 e8m0 [N, K/32] meaning 2^(e-127).
@@ -24,13 +26,14 @@ from torch import Tensor
 
 # Integer ids the kernels receive as a constexpr to pick the in-register decoder. PLAIN is an unquantized
 # bf16/fp16/fp32 weight read as stored, so the same tile loops give batch-invariant plain matmuls.
-INT4, FP8, MXFP4, NVFP4, PLAIN = 0, 1, 2, 3, 4
+INT4, FP8, MXFP4, NVFP4, PLAIN, INT4_TILED = 0, 1, 2, 3, 4, 5
+TILE_ROWS, TILE_K = 16, 128  # int4-tiled's blocks (quant/formats/tiled.py, whose layout this is)
 
 
 @dataclass(frozen=True)
 class KernelFormat:
     name: str
-    code: int  # constexpr id, one of INT4/FP8/MXFP4/NVFP4
+    code: int  # constexpr id, one of INT4/FP8/MXFP4/NVFP4/INT4_TILED
     values_key: str
     scale_key: str
     values_dtype: torch.dtype
@@ -43,6 +46,8 @@ class KernelFormat:
 
 FORMATS: dict[str, KernelFormat] = {
     "int4": KernelFormat("int4", INT4, "weight_packed", "weight_scale", torch.int32, torch.bfloat16, 8, None),
+    "int4-tiled": KernelFormat("int4-tiled", INT4_TILED, "weight_packed", "weight_scale", torch.int32, torch.bfloat16,
+                               8, None),
     "fp8": KernelFormat(
         "fp8", FP8, "weight", "weight_scale_inv", torch.float8_e4m3fn, torch.float32, 1, 128, group_n=128
     ),
@@ -67,18 +72,31 @@ class PackedWeight:
     group: int  # K-length of one scale group
     experts: int | None  # None for a dense weight
 
+    @property
+    def int4(self) -> bool:
+        """int4 in either layout (the same values and decoders)."""
+        return self.fmt.code in (INT4, INT4_TILED)
+
+    @property
+    def tiled(self) -> bool:
+        return self.fmt.code == INT4_TILED
+
 
 def parse_format(fmt) -> tuple[KernelFormat, int | None]:
     """(kernel format, group size fixed by the name or None) for a quant-format name ("int4",
-    "int4-g128", "fp8", "mxfp4", "nvfp4") or a `QuantFormat` object (its `.name` is used)."""
+    "int4-g128", "int4-tiled", "int4-g128-tiled", "fp8", "mxfp4", "nvfp4") or a `QuantFormat` object (its `.name` is
+    used)."""
     name = fmt if isinstance(fmt, str) else getattr(fmt, "name", None)
     if not isinstance(name, str):
         raise TypeError(f"fmt must be a format name or a QuantFormat, got {type(fmt).__name__}")
-    base, _, suffix = name.partition("-g")
-    if base in FORMATS and (not suffix or (base == "int4" and suffix.isdigit())):
-        kf = FORMATS[base]
-        return kf, int(suffix) if suffix else kf.group_k
-    raise ValueError(f"the kernels do not read format {name!r}; they read {sorted(FORMATS)} and int4-g<N>")
+    tiled = name.endswith("-tiled")
+    base, _, suffix = name.removesuffix("-tiled").partition("-g")
+    if base == "int4" and (not suffix or suffix.isdigit()):
+        return FORMATS["int4-tiled" if tiled else "int4"], int(suffix) if suffix else None
+    if base in FORMATS and base != "int4-tiled" and not (suffix or tiled):
+        return FORMATS[base], FORMATS[base].group_k
+    raise ValueError(f"the kernels do not read format {name!r}; they read {sorted(FORMATS)}, int4-g<N> and "
+                     f"int4-g<N>-tiled")
 
 
 def supports(fmt) -> bool:
@@ -156,6 +174,9 @@ def resolve(fmt_spec, packed: Mapping[str, Tensor], stacked: bool, **fmt_kw) -> 
             f"{tuple(values.shape)} with group {group} needs {want} per matrix"
         )
     experts = values.shape[0] if stacked else None
+    if fmt.code == INT4_TILED and (n % TILE_ROWS or k % TILE_K or group > TILE_K):
+        raise ValueError(f"int4-tiled weights are whole blocks of {TILE_ROWS} rows x {TILE_K} values with scale "
+                         f"groups of at most {TILE_K}; got N = {n}, K = {k}, group {group}")
     if fmt.global_key:
         gs = packed[fmt.global_key]
         if gs.numel() != (experts or 1):

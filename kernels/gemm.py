@@ -19,7 +19,7 @@ from .buffers import stream_buffer
 from .configs import TileConfig, auto_split, fuse_lora, pick_config, pick_gemv, split_evenly
 from .dequant import dequant_tile, load_scales
 from .emulate import INTERPRETED
-from .formats import INT4, PLAIN, PackedWeight
+from .formats import PLAIN, PackedWeight
 from .gemv import gemv
 from .gemv_lora import LoraDelta, fits
 from .lora import lora_add_many
@@ -181,7 +181,7 @@ def k_even(w: PackedWeight, cfg: TileConfig, dx: bool) -> bool:
 
 def fast_int4(w: PackedWeight, dtype: torch.dtype) -> bool:
     """Whether to decode int4 with the packed-bf16 PTX path (bf16 activations, compiled kernels only)."""
-    return configs.FAST_INT4 and w.fmt.code == INT4 and dtype == torch.bfloat16 and not INTERPRETED
+    return configs.FAST_INT4 and w.int4 and dtype == torch.bfloat16 and not INTERPRETED
 
 
 def dot_precision(dtype: torch.dtype) -> str:

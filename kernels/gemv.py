@@ -136,7 +136,7 @@ def _load_packed(
     K_EVEN: tl.constexpr,
 ):
     """int4 words [BN, BK // 8] and load_scales' scales of W[rows, k0:k0+BK]; rows >= n_rows read nothing."""
-    words = _load_words(w_ptr, rows, k0, n_rows, K // 8, stride_wn, BN, BK, 8, K_EVEN)
+    words = _load_words(w_ptr, rows, k0, n_rows, K // 8, stride_wn, BN, BK, 8, K_EVEN, FMT == 5)
     scales = load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, 1.0, FMT, BN, BK, GROUP, K_EVEN)
     return words, scales
 

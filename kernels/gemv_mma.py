@@ -33,7 +33,6 @@ summation. The LoRA epilogue (the adapters in the same launch, gemv_lora.py) is 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import triton
 import triton.language as tl
@@ -42,7 +41,7 @@ from torch import Tensor
 from . import configs, emulate
 from .configs import TILE_K, GemvConfig, sm_count
 from .emulate import INTERPRETED
-from .formats import PackedWeight
+from .formats import TILE_ROWS, PackedWeight
 from .gemv_lora import N_COUNTERS, LoraDelta, lora_arrive, lora_leave, lora_rank_program
 from .gemv_out import flat_program, launch_args, store_out
 from .pdl import launch_dependents, use_pdl, wait_for_producers
@@ -174,8 +173,7 @@ _LOAD_X_PAIRS = tl.constexpr(_load_x_asm((0, 16, 128, 144)))  # words 2t, 2t + 1
 # scales (by group size).
 _W_BYTES = tl.constexpr(TILE_K // 2)
 _X_BYTES = tl.constexpr(TILE_K * 2)
-# tile_words' layout (GemvConfig.mma_tiled): blocks of TILE_ROWS rows x one K tile, a row's 64 bytes after another's.
-TILE_ROWS = 16
+# int4-tiled's layout (quant/formats/tiled.py): blocks of TILE_ROWS rows x one K tile, a row's 64 bytes after another's.
 _TILE_ROWS = tl.constexpr(TILE_ROWS)
 
 
@@ -195,7 +193,7 @@ def _s_ktile(TILED: tl.constexpr, GROUP: tl.constexpr):
 def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: tl.constexpr, LOAD: tl.constexpr,
                  PAIRS: tl.constexpr, TILED: tl.constexpr = False):  # fmt: skip
     """The lane's words and scales of rows g and g + 8 (10 registers, 12 with PAIRS) at byte addresses wa (row g's
-    words) and sa (its scale); rows g + 8 are constant offsets (the strides are compile-time; TILED: tile_words'
+    words) and sa (its scale); rows g + 8 are constant offsets (the strides are compile-time; TILED: int4-tiled's
     layout, 8 rows of a block on), which ptxas folds into the loads."""
     wb = wa + (8 * _W_BYTES if TILED else 8 * 4 * STRIDE_W)
     sb = sa + (8 * (_TILE_K // GROUP) * 2 if TILED else 8 * 2 * STRIDE_S)
@@ -227,7 +225,7 @@ def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr
     lane_addresses at the first of them; row tile m reads base m % B, 16 (m // B) rows on. One base serves every
     row tile of one weight as compile-time offsets (two live 64-bit addresses a base took MT = 2 past 128
     registers, tests/kernels/test_compile_sm90.py); separate weights (SwiGLU's gate and up) take one base each.
-    TILED: the words and scales in tile_words' / tile_scales' layouts, where a row tile is 16 rows of blocks on as
+    TILED: the words and scales in int4-tiled's layout, where a row tile is 16 rows of blocks on as
     in row-major, and the next K tile a block on."""
     B: tl.constexpr = len(w_lane)
     out = ()
@@ -277,7 +275,7 @@ def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.con
                    TILED: tl.constexpr = False):  # fmt: skip
     """Byte addresses of the lane's first words (row `rows`, a lane's g, at K = k_lo + 32t, with PAIRS 16t) and of
     their scale (with PAIRS the scale of K = k_lo): the main loop only advances them. stride_wn / stride_sn: a
-    row-major row's words / scales; TILED: the words and scales in tile_words' / tile_scales' layouts."""
+    row-major row's words / scales; TILED: the words and scales in int4-tiled's layout."""
     kt = k_lo + (16 if PAIRS else 32) * (tl.arange(0, rows.shape[0]) % 4)
     ks = k_lo if PAIRS else kt
     r = rows.to(tl.int64)
@@ -467,40 +465,6 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
     stamp(stamp_ptr, tl.program_id(0), 1, STAMPS)
 
 
-def _row_tile_blocks(t: Tensor, per_tile: int, what: str) -> Tensor:
-    """t [N, C] (row-major) as blocks of TILE_ROWS rows x per_tile columns, each contiguous row after row, the blocks
-    of a row tile column block after column block; same shape."""
-    n, c = t.shape
-    if n % TILE_ROWS or c % per_tile:
-        raise ValueError(f"{what} {tuple(t.shape)}: the tiled layout needs rows in multiples of {TILE_ROWS} and "
-                         f"columns in multiples of {per_tile} (whole K tiles of {TILE_K})")
-    return t.reshape(n // TILE_ROWS, TILE_ROWS, c // per_tile, per_tile).transpose(1, 2).contiguous().reshape(n, c)
-
-
-def tile_words(values: Tensor) -> Tensor:
-    """int4 words [N, K / 8] (row-major, N a multiple of 16) in the layout GemvConfig.mma_tiled reads, same shape:
-    the words of rows 16 i .. 16 i + 15 in K tile j (128 values, 64 bytes a row) are one 1024-byte block, row after
-    row; the blocks of rows 16 i run K tile after K tile, where row-major rows 16 i .. 16 i + 15 are. A warp's step
-    then reads one contiguous stretch a K tile instead of 64 bytes from each of 16 rows a row apart."""
-    return _row_tile_blocks(values, TILE_K // 8, "int4 words")
-
-
-def tile_scales(scale: Tensor, group: int) -> Tensor:
-    """bf16 scales [N, K / group] (row-major, group <= 128) in tile_words' layout: a row tile's scales of one K tile
-    (128 // group a row) one block, blocks K tile after K tile."""
-    if group > TILE_K:
-        raise ValueError(f"the tiled layout takes scale groups of at most {TILE_K}, got {group}")
-    return _row_tile_blocks(scale, TILE_K // group, "scales")
-
-
-def as_read(w: PackedWeight, cfg: GemvConfig) -> PackedWeight:
-    """Row-major `w` in the layout cfg's kernel reads: tile_words' and tile_scales' for mma_tiled (new tensors;
-    itself otherwise)."""
-    if not cfg.mma_tiled:
-        return w
-    return replace(w, values=tile_words(w.values), scale=tile_scales(w.scale, w.group))
-
-
 def warps_for(cfg: GemvConfig, programs: int, k: int, sms: int) -> int:
     """Warps per program, each taking an equal run of K tiles (cfg.mma_tiles at a time): the fewest powers
     of two that give about cfg.programs_per_sm warps per SM over `programs` programs, at most cfg.num_warps,
@@ -532,20 +496,22 @@ def gemv_mma(x: Tensor, w: PackedWeight, out: Tensor, cfg: GemvConfig, tickets, 
     pdl = use_pdl(x.device)
     _gemv_mma_kernel[(launch.rank_programs + n_tiles,)](
         x, w.values, w.scale, out, m, n, k, x.stride(0), out.stride(0), tiles_per_warp, *launch.tail,
-        **kernel_constexprs(cfg, m, nw, w.group, w.values.stride(0), w.scale.stride(0), pdl), **launch.constexprs,
+        **kernel_constexprs(cfg, m, nw, w.group, w.values.stride(0), w.scale.stride(0), pdl, w.tiled),
+        **launch.constexprs,
         launch_pdl=pdl, num_warps=nw, **cfg.launch_options,
     )  # fmt: skip
     return out
 
 
 def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: int, stride_s: int,
-                      pdl: bool) -> dict:  # fmt: skip
+                      pdl: bool, tiled: bool = False) -> dict:  # fmt: skip
     """_gemv_mma_kernel's compile-time arguments for `cfg` at m rows, nw warps a program and weights of scale groups
-    `group` with row strides stride_w (words) and stride_s (scales), less the epilogue's LORA / BR / STAMPS
+    `group` with row strides stride_w (words) and stride_s (scales), in int4-tiled's layout if `tiled`, less the
+    epilogue's LORA / BR / STAMPS
     (gemv_out.launch_args'): the one list the launch, bench/mma_sass.py and the sm_90 compile test share."""
     nt = 1 if m <= 8 else 2
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs,
                 STRIDE_W=stride_w, STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
                 TILE=tile_asm(nt, cfg.mma_word_pairs), INTERLEAVE=cfg.mma_interleave_k,
-                TILED=cfg.mma_tiled)  # fmt: skip
+                TILED=tiled)  # fmt: skip

@@ -49,7 +49,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
                         GROUP: tl.constexpr, MT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
                         NW: tl.constexpr, E_POW2: tl.constexpr, PDL: tl.constexpr, SWIGLU: tl.constexpr,
                         LORA: tl.constexpr, R: tl.constexpr, R_POW2: tl.constexpr, PAIRS: tl.constexpr,
-                        TILE: tl.constexpr):  # fmt: skip
+                        TILE: tl.constexpr, TILED: tl.constexpr):  # fmt: skip
     """out = x W^T per expert; SWIGLU: out = silu(x W^T) * (x W2^T) (W2 laid out as W: the up projection), each
     program then taking 16 rows of both. LORA: plus scale B_e (A_e x) per projection, from u = A_e x (grouped_lora.py:
     [T, projections, R]) and B [E, N, R] (b2_ptr: up's)."""
@@ -65,16 +65,16 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
         k_lo = (lane // 32) * (tiles_per_warp * _TILE_K)  # (the host picks warps that divide K's tiles)
         e64 = e.to(tl.int64)
         w_lane, s_lane = lane_addresses(w_ptr + e64 * stride_we, s_ptr + e64 * stride_se, pid_n * BN + g, k_lo,
-                                        STRIDE_W, STRIDE_S, GROUP, PAIRS)  # fmt: skip
+                                        STRIDE_W, STRIDE_S, GROUP, PAIRS, TILED)  # fmt: skip
         w_lane, s_lane = (w_lane,), (s_lane,)  # every row tile at a constant offset (gemv_mma._load_weights)
         if SWIGLU:  # the up rows are the loop's second row tile: a base of their own
             up_w, up_s = lane_addresses(w2_ptr + e64 * stride_we, s2_ptr + e64 * stride_se, pid_n * BN + g, k_lo,
-                                        STRIDE_W, STRIDE_S, GROUP, PAIRS)  # fmt: skip
+                                        STRIDE_W, STRIDE_S, GROUP, PAIRS, TILED)  # fmt: skip
             w_lane, s_lane = w_lane + (up_w,), s_lane + (up_s,)
         x_lane = activation_lanes(x_ptr, first + g, end, k_lo, stride_xm, 1, PAIRS)
-        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS)
+        nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, TILED)
         acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, 1, U, LOAD,
-                           NW, PAIRS, TILE, 1)  # fmt: skip
+                           NW, PAIRS, TILE, 1, TILED)  # fmt: skip
         launch_dependents(PDL)
         offs_m = first + tl.arange(0, _ROW_TILE)
         dt: tl.constexpr = out_ptr.dtype.element_ty
@@ -120,7 +120,7 @@ def _projection_out(y, b_ptr, j, offs_n, lora, dt: tl.constexpr, LORA: tl.conste
 
 def same_layout(w: PackedWeight, up: PackedWeight) -> bool:
     """Whether `up` can be read with `w`'s shape, groups and strides (the SwiGLU kernel's second weight)."""
-    return ((up.experts, up.n, up.k, up.group) == (w.experts, w.n, w.k, w.group)
+    return ((up.fmt, up.experts, up.n, up.k, up.group) == (w.fmt, w.experts, w.n, w.k, w.group)
             and up.values.stride() == w.values.stride() and up.scale.stride() == w.scale.stride())  # fmt: skip
 
 
@@ -157,19 +157,21 @@ def grouped_mma(x: Tensor, expert_offsets: Tensor, w: PackedWeight, cfg: GemvCon
         x, w.values, w.scale, up.values, up.scale, out, expert_offsets, w.n, w.experts, x.stride(0), out.stride(0),
         w.values.stride(0), w.values.stride(1), w.scale.stride(0), w.scale.stride(1), k // TILE_K // nw,
         u, bs[0], bs[-1], u.stride(0), bs[0].stride(0), bs[0].stride(-2), scale,
-        **kernel_constexprs(cfg, w.group, nw, w.experts, swiglu, r if lora is not None else 0, pdl),
+        **kernel_constexprs(cfg, w.group, nw, w.experts, swiglu, r if lora is not None else 0, pdl, w.tiled),
         launch_pdl=pdl, num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
     )  # fmt: skip
     return out
 
 
 def kernel_constexprs(cfg: GemvConfig, group: int, nw: int, experts: int, swiglu: bool, rank: int,
-                      pdl: bool) -> dict:  # fmt: skip
+                      pdl: bool, tiled: bool = False) -> dict:  # fmt: skip
     """_grouped_mma_kernel's compile-time arguments for `cfg` at scale groups `group`, nw warps a program, `experts`
-    experts, SwiGLU or not and LoRA rank `rank` (0: none), less the weights' row strides (STRIDE_W, STRIDE_S, which
-    the launch passes with the other strides): the one list the launch and the sm_90 compile test share."""
+    experts, SwiGLU or not, LoRA rank `rank` (0: none) and weights in int4-tiled's layout or not, less the weights' row
+    strides (STRIDE_W, STRIDE_S, which the launch passes with the other strides): the one list the launch and the sm_90
+    compile test share."""
     r = max(rank, 1)
     return dict(GROUP=group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, NW=nw, PAIRS=cfg.mma_word_pairs,
                 LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group), TILE=tile_asm(1, cfg.mma_word_pairs),
                 E_POW2=triton.next_power_of_2(experts), PDL=pdl, SWIGLU=swiglu, LORA=rank > 0, R=r,
-                R_POW2=triton.next_power_of_2(r))  # fmt: skip
+                R_POW2=triton.next_power_of_2(r),
+                TILED=tiled)  # fmt: skip

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from orbit_lightning.quant.formats import get_format
+from orbit_lightning.quant.formats.tiled import untile_packed
 
 
 def random_weight(fmt: str, shape: tuple[int, ...], seed: int = 0, device="cpu"):
@@ -13,6 +14,12 @@ def random_weight(fmt: str, shape: tuple[int, ...], seed: int = 0, device="cpu")
     f = get_format(fmt)
     packed = f.random_packed(shape, device=device, generator=gen)
     return packed, f.dequantize(packed, torch.float64)
+
+
+def row_major(fmt: str, packed: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
+    """An int4-tiled weight (`fmt` ends in -tiled) as the same values in the row-major format: (its name, tensors)."""
+    f = get_format(fmt)
+    return f.name.removesuffix("-tiled"), untile_packed(packed, f.group_size)
 
 
 def matmul_bound(a: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, rel: float) -> torch.Tensor:

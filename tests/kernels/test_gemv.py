@@ -26,6 +26,8 @@ from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, rando
 SHAPES = {
     "int4": (41, 160),
     "int4-g128": (23, 384),
+    "int4-tiled": (48, 384),  # whole 16 x 128 blocks; a partial 32-row tile
+    "int4-g128-tiled": (32, 256),
     "fp8": (150, 200),
     "mxfp4": (33, 96),
     "nvfp4": (19, 80),
@@ -160,7 +162,7 @@ def test_nibble_plane_permutation_matches_tile_permutation(bk):
 
 # ---------------------------------------------------------------------------------------------- GPU
 GPU_SHAPES = {"int4": (384, 1024), "int4-g128": (256, 1024), "fp8": (300, 1000), "mxfp4": (256, 512),
-              "nvfp4": (320, 768)}  # fmt: skip
+              "nvfp4": (320, 768), "int4-tiled": (384, 1024)}  # fmt: skip
 
 
 def _cuda_tickets(n: int) -> torch.Tensor:

@@ -16,10 +16,10 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import LoraDelta
-from orbit_lightning.kernels.gemv_mma import _decode, as_read, mma_split, tile_scales, tile_words, warps_for
+from orbit_lightning.kernels.gemv_mma import _decode, mma_split, warps_for
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight
+from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight, row_major
 from tests.kernels.ptx_text import int4_decode_cases, int4_decoded_bits, run_ptx
 from tests.kernels.test_gemv_lora import _adapters, _oracle
 
@@ -43,27 +43,22 @@ def test_warps_split_k_evenly_and_fill_the_sms():
 def test_the_mma_kernel_serves_only_what_it_reads():
     cfg = configs._GEMV_MMA_ONE_TILE
     for fmt, shape, ok in [("int4", (64, 256), True), ("int4-g128", (64, 384), True), ("int4", (64, 160), False),
-                           ("int4", (40, 256), False), ("fp8", (64, 256), False)]:  # fmt: skip
+                           ("int4", (40, 256), False), ("fp8", (64, 256), False), ("int4-tiled", (64, 384), True),
+                           ("int4-g64-tiled", (32, 256), True)]:  # fmt: skip
         packed, _ = random_weight(fmt, shape, seed=0)
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2
     assert not configs.mma_ok(resolve("int4", packed, stacked=False), replace(cfg, mma_tiles=2))
-    packed, _ = random_weight("int4-g128", (64, 512), seed=0)
-    g128 = resolve("int4-g128", packed, stacked=False)  # and as if its groups were 256 wide, wider than a K tile:
-    g256 = replace(g128, scale=g128.scale[:, ::2].contiguous(), group=256)  # the tiled layout has no block for them
-    assert configs.mma_ok(g256, cfg) and not configs.mma_ok(g256, replace(cfg, mma_tiled=True))
-    assert configs.mma_ok(g128, replace(cfg, mma_tiled=True))
-    with pytest.raises(ValueError, match="multiples of 16"):
-        tile_words(torch.zeros(40, 32, dtype=torch.int32))
-    with pytest.raises(ValueError, match="at most 128"):
-        tile_scales(g256.scale, 256)
+    packed, _ = random_weight("int4", (40, 384), seed=0)  # the kernels take int4-tiled only in whole 16 x 128 blocks
+    with pytest.raises(ValueError, match="whole blocks of 16 rows x 128"):
+        resolve("int4-tiled", packed, stacked=False)
 
 
 @pytest.mark.usefixtures("cpu_kernels")
 @pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
                                   "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64",
                                   "interleaved-k", "pairs-interleaved-k", "tiled-two-rowtiles",
-                                  "pairs-tiled-interleaved-k", "tiled-g64"])
+                                  "pairs-tiled-interleaved-k", "tiled-g64", "tiled-g128-one-tile-steps"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -84,17 +79,16 @@ def test_mma_gemv_under_the_interpreter(case):
                                                mma_interleave_k=True), "int4"),
         "pairs-interleaved-k": (32, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4, mma_word_pairs=True,
                                                      mma_interleave_k=True), "int4"),
-        # words and scales in tile_words' / tile_scales' layouts: 3 programs of 2 row tiles (two 16-row blocks apart),
-        # 2 warps of 2 steps each
-        "tiled-two-rowtiles": (96, 1024, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2,
-                                                    mma_tiled=True), "int4"),
+        # int4-tiled: 3 programs of 2 row tiles (two 16-row blocks apart), 2 warps of 2 steps each
+        "tiled-two-rowtiles": (96, 1024, GemvConfig(16, 32, 128, mma=True, num_warps=2, mma_tiles=2), "int4-tiled"),
         "pairs-tiled-interleaved-k": (48, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4, mma_word_pairs=True,
-                                                           mma_interleave_k=True, mma_tiled=True), "int4"),
-        "tiled-g64": (64, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2, mma_tiled=True),
-                      "int4-g64"),
+                                                           mma_interleave_k=True), "int4-tiled"),
+        "tiled-g64": (64, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g64-tiled"),
+        "tiled-g128-one-tile-steps": (32, 768, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_word_pairs=True),
+                                      "int4-g128-tiled"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)
-    wk = as_read(resolve(fmt, packed, stacked=False), cfg)
+    wk = resolve(fmt, packed, stacked=False)
     assert configs.mma_ok(wk, cfg)
     for m in (1, 3, 8, 9, 16):  # one n8 tile of activation rows (a partial one), two (one partial)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
@@ -145,10 +139,10 @@ CASES = {  # name: (format, N, K, config)
     "pairs-9-16-rows-interleaved-k": ("int4", 4096, 4096, replace(configs._at_rows(_MMA, 16), mma_interleave_k=True)),
     "long-k-shipped-g128": ("int4-g128", 2048, 16384, configs._GEMV_MMA_LONG_K),  # two row tiles, interleaved K
     "long-k-runs": ("int4", 1024, 16384, replace(configs._GEMV_MMA_LONG_K, mma_interleave_k=False)),
-    # words and scales in tile_words' / tile_scales' layouts (the probe of bench/mma_sweep.py's tiled section)
-    "tiled-shipped": ("int4", 4096, 4096, replace(_MMA, mma_tiled=True)),
-    "tiled-9-16-rows-g128": ("int4-g128", 2048, 4096, replace(configs._at_rows(_MMA, 16), mma_tiled=True)),
-    "tiled-long-k": ("int4", 1024, 16384, replace(configs._GEMV_MMA_LONG_K, mma_tiled=True)),  # two row tiles
+    # int4-tiled weights
+    "tiled-shipped": ("int4-tiled", 4096, 4096, _MMA),
+    "tiled-9-16-rows-g128": ("int4-g128-tiled", 2048, 4096, configs._at_rows(_MMA, 16)),
+    "tiled-long-k": ("int4-tiled", 1024, 16384, configs._GEMV_MMA_LONG_K),  # two row tiles
 }
 
 
@@ -157,8 +151,8 @@ CASES = {  # name: (format, N, K, config)
 def test_gpu_mma_gemv_matches_fp64_deterministically(case):
     fmt, n, k, cfg = CASES[case]
     packed, w = random_weight(fmt, (n, k), seed=2, device="cuda")
-    rows = resolve(fmt, packed, stacked=False)
-    wk = as_read(rows, cfg)
+    wk = resolve(fmt, packed, stacked=False)
+    rows = resolve(*row_major(fmt, packed), stacked=False) if wk.tiled else wk
     assert configs.mma_ok(wk, cfg)
     for m in (1, 3, 8, 9, 16):  # one n8 tile of activation rows (a partial one), two (one partial)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -166,9 +160,8 @@ def test_gpu_mma_gemv_matches_fp64_deterministically(case):
         ref = x.double() @ w.T
         assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-8))
         assert torch.equal(y, gemv.gemv(x, wk, torch.empty_like(y), cfg, _tickets, True))
-        if cfg.mma_tiled:  # the same products in the same order as the row-major layout's
-            plain = replace(cfg, mma_tiled=False)
-            assert torch.equal(y, gemv.gemv(x, rows, torch.empty_like(y), plain, _tickets, True))
+        if wk.tiled:  # the same products in the same order as the row-major layout's
+            assert torch.equal(y, gemv.gemv(x, rows, torch.empty_like(y), cfg, _tickets, True))
         # The tile kernels multiply the same bf16 weights; only the fp32 summation order differs.
         split = gemv.gemv(x, rows, torch.empty_like(y), next(c for b, c in configs.GEMV_TILES if m <= b), _tickets,
                           True)  # fmt: skip

@@ -22,7 +22,7 @@ pytestmark = [
 BF16_REL = 2.0**-8
 # (N, K): K = 1000 is not a multiple of any K tile (fp8 accepts any K); fp8's N spans 3 scale-row blocks.
 SHAPES = {"int4": (384, 1024), "int4-g128": (256, 1024), "fp8": (300, 1000), "mxfp4": (256, 512),
-          "nvfp4": (320, 768)}
+          "nvfp4": (320, 768), "int4-tiled": (384, 1024), "int4-g128-tiled": (256, 1024)}
 M_SIZES = (1, 16, 64, 300)  # decode with split-K, both small-M buckets, and a prefill-sized M
 
 

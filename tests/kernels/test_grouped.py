@@ -12,7 +12,8 @@ pytestmark = pytest.mark.usefixtures("cpu_kernels")
 
 # Expert 1 and 4 get no tokens, expert 3 a single one; expert 2 spans more than one 16-row tile.
 COUNTS = [3, 0, 19, 1, 0]
-SHAPES = {"int4": (40, 96), "fp8": (130, 72), "nvfp4": (24, 48)}  # (N, K); fp8: two scale-row blocks
+# (N, K); fp8: two scale-row blocks; int4-tiled: whole blocks of 16 rows x 128
+SHAPES = {"int4": (40, 96), "fp8": (130, 72), "nvfp4": (24, 48), "int4-tiled": (48, 256)}
 
 
 def _per_expert(a: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:

@@ -50,6 +50,8 @@ CASES = {  # name: (format, E, N, K, config)
     "one-row-tile": ("int4", 8, 96, 768, configs._GROUPED_MMA_NARROW[0]),
     "one-k-tile-steps-g128": ("int4-g128", 8, 64, 384, configs._GROUPED_MMA_NARROW[1]),
     "one-warp": ("int4", 8, 32, 256, replace(configs._GROUPED_MMA, num_warps=1)),
+    "tiled-two-row-tiles": ("int4-tiled", 8, 256, 2048, configs._GROUPED_MMA),
+    "tiled-one-k-tile-steps-g128": ("int4-g128-tiled", 8, 64, 384, configs._GROUPED_MMA_NARROW[1]),
 }
 
 
@@ -71,6 +73,8 @@ def _against_fp64(case, routing, device, rel):
 CPU_CASES = {  # small shapes: the emulation multiplies every lane's tile out in numpy
     "cpu-two-row-tiles": ("int4", 8, 32, 256, configs._GROUPED_MMA),
     "cpu-one-k-tile-steps-g128": ("int4-g128", 8, 16, 384, configs._GROUPED_MMA_NARROW[1]),
+    "cpu-tiled-two-row-tiles": ("int4-tiled", 4, 32, 256, configs._GROUPED_MMA),  # experts of 2 row blocks
+    "cpu-tiled-one-k-tile-steps-g64": ("int4-g64-tiled", 4, 16, 384, configs._GROUPED_MMA_NARROW[1]),
 }
 
 
@@ -84,11 +88,12 @@ def test_grouped_mma_under_the_interpreter(case, routing):
 
 
 @pytest.mark.usefixtures("cpu_kernels")
-def test_swiglu_under_the_interpreter_is_the_projections_and_silu_mul():
+@pytest.mark.parametrize("fmt", ["int4", "int4-tiled"])
+def test_swiglu_under_the_interpreter_is_the_projections_and_silu_mul(fmt):
     e, n, k = 4, 32, 256
-    gate, _ = random_weight("int4", (e, n, k), seed=5)
-    up, _ = random_weight("int4", (e, n, k), seed=6)
-    wg, wu = resolve("int4", gate, stacked=True), resolve("int4", up, stacked=True)
+    gate, _ = random_weight(fmt, (e, n, k), seed=5)
+    up, _ = random_weight(fmt, (e, n, k), seed=6)
+    wg, wu = resolve(fmt, gate, stacked=True), resolve(fmt, up, stacked=True)
     cfg = configs._GROUPED_MMA_NARROW[0]
     counts = [9, 0, 1, 3]
     x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(7)).bfloat16()

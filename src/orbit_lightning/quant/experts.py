@@ -41,8 +41,10 @@ class QuantExperts(Experts):
         dtype: torch.dtype = torch.bfloat16,
     ):
         torch.nn.Module.__init__(self)
-        self.fmt = get_format(fmt) if isinstance(fmt, str) else fmt
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
+        self.fmt = get_format(fmt) if isinstance(fmt, str) else fmt
+        for proj in self.PROJECTIONS:  # one storage layout all three projections take
+            self.fmt = self.fmt.for_shape(self.proj_shape(proj))
         self.compute_dtype = dtype
         for proj in self.PROJECTIONS:
             register_packed(self, self.fmt, self.proj_shape(proj), prefix=f"{proj}_")
@@ -124,7 +126,8 @@ class QuantExperts(Experts):
                 self, self.fmt.quantize(tensor.to(device)), prefix=f"{proj}_", index=expert, key_for_errors=key
             )
         else:
-            store_packed(self, {suffix: tensor}, prefix=f"{proj}_", index=expert, key_for_errors=key)
+            store_packed(self, {suffix: self.fmt.to_storage(suffix, tensor)}, prefix=f"{proj}_", index=expert,
+                         key_for_errors=key)
 
     def canonical_checkpoint_name(self, local: str) -> str:
         proj, _, _ = local.partition(".")

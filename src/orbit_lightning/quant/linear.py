@@ -27,8 +27,8 @@ class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, fmt: QuantFormat | str, bias: bool = False,
                  dtype: torch.dtype = torch.bfloat16):
         super().__init__()
-        self.fmt = get_format(fmt) if isinstance(fmt, str) else fmt
         self.in_features, self.out_features = in_features, out_features
+        self.fmt = (get_format(fmt) if isinstance(fmt, str) else fmt).for_shape(self.shape)
         self.compute_dtype = dtype  # dtype of the transient dequantized tiles and of activations
         register_packed(self, self.fmt, self.shape)
         self.register_buffer("bias", torch.empty(out_features, dtype=dtype) if bias else None)
@@ -81,7 +81,7 @@ class QuantLinear(nn.Module):
             with torch.no_grad():
                 self.bias.copy_(tensor)
         else:
-            store_packed(self, {local: tensor}, key_for_errors=key)
+            store_packed(self, {local: self.fmt.to_storage(local, tensor)}, key_for_errors=key)
 
     def weight_device_for_quant(self) -> torch.device:
         # Quantize on the layer's device (GPU when loading to GPU): one tensor at a time, then freed.

@@ -69,6 +69,7 @@ ERROR_RANGE = {
     "nvfp4": (0.08, 0.11),
     "nf4": (0.078, 0.106),
 }
+ERROR_RANGE |= {f"{name}-tiled": ERROR_RANGE[name] for name in ("int4", "int4-g64", "int4-g128")}  # the same values
 
 
 def test_error_bounds_cover_every_format():
@@ -117,10 +118,10 @@ def test_bad_inputs_are_clear_errors(spec):
     with pytest.raises(ValueError, match=r"shape \[\.\.\., N, K\]"):
         fmt.validate((256,))
     with pytest.raises(TypeError, match="floating-point"):
-        fmt.quantize(torch.ones(4, 256, dtype=torch.int32))
+        fmt.quantize(torch.ones(16, 256, dtype=torch.int32))
     with pytest.raises(ValueError, match="NaN or inf"):
-        fmt.quantize(torch.full((4, 256), float("nan")))
-    packed = fmt.quantize(_weight((4, 256)))
+        fmt.quantize(torch.full((16, 256), float("nan")))
+    packed = fmt.quantize(_weight((16, 256)))
     missing = next(iter(packed))
     with pytest.raises(KeyError, match=missing):
         fmt.dequantize({k: v for k, v in packed.items() if k != missing})

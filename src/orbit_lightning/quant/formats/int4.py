@@ -37,6 +37,7 @@ from torch import Tensor
 
 from .registry import PackedShapes, QuantFormat, float_compute_dtype, register_format
 from .synthetic import TARGET_STD, random_bytes, scale_jitter
+from .tiled import tile_packed, tile_tensor, tiled_blocker, untile_packed
 
 INT4_GROUP_SIZES = (32, 64, 128)
 _SCALE_DIVISOR = 7.5  # compressed-tensors: (q_max - q_min) / 2 = (7 - (-8)) / 2
@@ -82,6 +83,9 @@ def int4_codes(w: Tensor, scale: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class Int4Format(QuantFormat):
     group_size: int = 32
+    # Words and scales in tiled.py's block layout (the decode kernels' fast path) instead of row-major; the same
+    # values. A weight whose shape cannot be tiled is stored row-major (for_shape).
+    tiled: bool = False
 
     def __post_init__(self):
         if self.group_size not in INT4_GROUP_SIZES:
@@ -89,7 +93,7 @@ class Int4Format(QuantFormat):
 
     @property
     def name(self) -> str:
-        return "int4" if self.group_size == 32 else f"int4-g{self.group_size}"
+        return ("int4" if self.group_size == 32 else f"int4-g{self.group_size}") + ("-tiled" if self.tiled else "")
 
     def validate(self, shape: tuple[int, ...]) -> None:
         super().validate(shape)
@@ -98,6 +102,18 @@ class Int4Format(QuantFormat):
                 f"{self.name}: K = {shape[-1]} (in features) is not a multiple of the group size "
                 f"{self.group_size}; pick a group size that divides K or keep this layer in bf16"
             )
+        why = tiled_blocker(tuple(shape), self.group_size) if self.tiled else None
+        if why:
+            raise ValueError(f"{self.name}: a weight of shape {tuple(shape)} cannot be tiled ({why}); store it as "
+                             f"{self.for_shape(shape).name}")
+
+    def for_shape(self, shape: tuple[int, ...]) -> Int4Format:
+        if self.tiled and tiled_blocker(tuple(shape), self.group_size):
+            return Int4Format(self.group_size)
+        return self
+
+    def to_storage(self, key: str, tensor: Tensor) -> Tensor:
+        return tile_tensor(key, tensor, self.group_size) if self.tiled else tensor
 
     def packed_shapes(self, shape: tuple[int, ...]) -> PackedShapes:
         self.validate(shape)
@@ -113,14 +129,19 @@ class Int4Format(QuantFormat):
         scale = int4_scales(w, self.group_size)
         *lead, n, k = w.shape
         weight_shape = torch.tensor([n, k], dtype=torch.int64, device=w.device).expand(*lead, 2)
-        return {
+        return self._stored({
             "weight_packed": pack_int4(int4_codes(w, scale)),
             "weight_scale": scale,
             "weight_shape": weight_shape.contiguous(),
-        }
+        })
+
+    def _stored(self, row_major: dict[str, Tensor]) -> dict[str, Tensor]:
+        return tile_packed(row_major, self.group_size) if self.tiled else row_major
 
     def dequantize(self, packed: dict[str, Tensor], dtype: torch.dtype = torch.bfloat16) -> Tensor:
         self._check_packed(packed, ("weight_packed", "weight_scale"))
+        if self.tiled:
+            packed = untile_packed({k: packed[k] for k in ("weight_packed", "weight_scale")}, self.group_size)
         cdt = float_compute_dtype(dtype)
         scale = packed["weight_scale"].to(cdt)
         q = unpack_int4(packed["weight_packed"]).to(cdt).unflatten(-1, (scale.shape[-1], -1))
@@ -140,9 +161,9 @@ class Int4Format(QuantFormat):
         jitter, jitter_sq = scale_jitter((*lead, n, k // self.group_size), device, generator)
         scale = (jitter * (TARGET_STD / math.sqrt(mean_sq * jitter_sq))).to(torch.bfloat16)
         weight_shape = torch.tensor([n, k], dtype=torch.int64, device=device).expand(*lead, 2)
-        return {"weight_packed": words, "weight_scale": scale, "weight_shape": weight_shape.contiguous()}
+        return self._stored({"weight_packed": words, "weight_scale": scale, "weight_shape": weight_shape.contiguous()})
 
 
 register_format("int4")(Int4Format)
-register_format("int4-g64")(lambda: Int4Format(group_size=64))
-register_format("int4-g128")(lambda: Int4Format(group_size=128))
+for _fmt in [Int4Format(g, tiled) for g in INT4_GROUP_SIZES for tiled in (False, True)][1:]:
+    register_format(_fmt.name)(lambda fmt=_fmt: fmt)

@@ -59,6 +59,16 @@ class QuantFormat(ABC):
                 f"{self.name}: a weight must have shape [..., N, K] with positive sizes, got {shape}"
             )
 
+    def for_shape(self, shape: tuple[int, ...]) -> QuantFormat:
+        """The format a weight of `shape` is stored in: itself, or for a storage layout the shape cannot take (int4's
+        tiled layout), the same values in the format's plain layout."""
+        return self
+
+    def to_storage(self, key: str, tensor: Tensor) -> Tensor:
+        """Packed tensor `key` as a checkpoint holds it (compressed-tensors' row-major layout) -> as this format
+        stores it (the same tensor but for int4's tiled layout)."""
+        return tensor
+
     def nbytes(self, shape: tuple[int, ...]) -> int:
         """Storage of the packed form of a weight of `shape`, in bytes."""
         shapes = self.packed_shapes(shape).values()
