@@ -209,13 +209,18 @@ def read_programs(packed: dict) -> int:
             + triton.cdiv(packed["weight_scale"].numel() // 2, READ_BLOCK))
 
 
+# The dense section's int4 weights: "int4" (row-major, compressed-tensors' layout) or "int4-tiled" (the decode
+# kernels' block layout, quant/formats/tiled.py; --int4-layout tiled).
+DENSE_FORMAT = "int4"
+
+
 def dq_linear(x: torch.Tensor, packed: dict) -> torch.Tensor:
     """Transient one-pass dequantization to bf16, then cuBLAS (the alternative to the fused kernel)."""
-    return F.linear(x, kernels.dequantize("int4", packed, x.dtype))
+    return F.linear(x, kernels.dequantize(DENSE_FORMAT, packed, x.dtype))
 
 
 def dq_linear_dx(dy: torch.Tensor, packed: dict) -> torch.Tensor:
-    return dy @ kernels.dequantize("int4", packed, dy.dtype)
+    return dy @ kernels.dequantize(DENSE_FORMAT, packed, dy.dtype)
 
 
 def wgmma_dx(dy: torch.Tensor, w) -> torch.Tensor:
@@ -238,19 +243,20 @@ def packed_bytes(packed: dict) -> int:
 
 
 def bench_dense(rep: Report) -> None:
-    rep.say("\n== dense int4-g32 vs bf16 F.linear (fwd) and dy @ W (dX); us; ratio = bf16 / int4 ==")
+    rep.say(f"\n== dense {DENSE_FORMAT} (g32) vs bf16 F.linear (fwd) and dy @ W (dX); us; ratio = bf16 / int4 ==")
     rep.say("(M <= 1024: CUDA-graph timing with cold L2; dq+mm = one-pass dequantize + cuBLAS, M >= 256; "
             "read = one streaming read of the int4 bytes, ceil x = bf16 fwd / read: the ratio no kernel that reads "
             "them can pass, M <= 16)")
     rep.say(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6} | {'bf16 fwd':>9} {'int4 fwd':>9} "
             f"{'x':>5} {'TB/s':>5} {'read':>5} {'ceil x':>6} | {'bf16 dX':>9} {'int4 dX':>9} {'fwd+dX x':>8} | "
             f"{'inv fwd':>9} {'inv cost':>8} | {'dq+mm x':>7}")
-    fmt = get_format("int4")
+    fmt = get_format(DENSE_FORMAT)
+    fwd, dx = partial(kernels.dequant_linear, fmt=fmt), partial(kernels.dequant_linear_dx, fmt=fmt)
     for model, layers in DENSE.items():
         for layer, n, k in layers:
             w = randn(n, k, scale=0.02)
             packed = fmt.random_packed((n, k), device="cuda")
-            resolved = resolve("int4", packed, stacked=False, group_size=32)
+            resolved = resolve(fmt, packed, stacked=False)
             read_us = graph_us(read_packed, packed, torch.empty(read_programs(packed), dtype=torch.int32,
                                                                  device="cuda"))
             for m in M_SIZES:
@@ -258,9 +264,9 @@ def bench_dense(rep: Report) -> None:
                     return
                 x, dy = randn(m, k), randn(m, n)
                 tm = timer(m)
-                t = {"bf16_fwd": tm(F.linear, x, w), "int4_fwd": tm(kernels.int4_linear, x, packed),
-                     "bf16_dx": tm(torch.matmul, dy, w), "int4_dx": tm(kernels.int4_linear_dx, dy, packed),
-                     "inv_fwd": tm(invariant, kernels.int4_linear, x, packed), "read": read_us}
+                t = {"bf16_fwd": tm(F.linear, x, w), "int4_fwd": tm(fwd, x, packed=packed),
+                     "bf16_dx": tm(torch.matmul, dy, w), "int4_dx": tm(dx, dy, packed=packed),
+                     "inv_fwd": tm(invariant, fwd, x, packed=packed), "read": read_us}
                 if 64 < m <= 1024 and supports_dx(dy, resolved):  # (checked, not launched, before timing)
                     t["wg_dx"] = tm(wgmma_dx, dy, resolved)
                 dq = float("nan")
@@ -499,16 +505,19 @@ def summary(rep: Report) -> None:
 
 
 def main(argv=None) -> None:
-    global FLUSH_MODE, M_SIZES
+    global FLUSH_MODE, M_SIZES, DENSE_FORMAT
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sections", default="dense,moe,formats", help="comma list of dense,moe,formats,sweep,midm")
     p.add_argument("--budget", type=float, default=1e9, help="start no new measurement after this many s")
     p.add_argument("--m", type=int, nargs="+", default=list(M_SIZES), help="the dense section's row counts")
     p.add_argument("--l2-flush", choices=FLUSH_MODES, default=FLUSH_MODE, help="graph_us's L2 flush (see FLUSH_MODE)")
+    p.add_argument("--int4-layout", choices=("row-major", "tiled"), default="row-major",
+                   help="the dense section's int4 weights: row-major or int4-tiled (see DENSE_FORMAT)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench/kernels.py needs a CUDA GPU")
     FLUSH_MODE, M_SIZES = args.l2_flush, tuple(args.m)
+    DENSE_FORMAT = "int4-tiled" if args.int4_layout == "tiled" else "int4"
     torch.manual_seed(0)
     rep = Report(args.budget)
     rep.say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | "
