@@ -205,7 +205,7 @@ def section_tiled(deadline: float) -> None:
             if time.time() > deadline:
                 break
             packed, w, wdq, wbf = layer_case(fmt, n, k)
-            tiled = tile_packed(packed, fmt.group_size)
+            tiled = tile_packed(packed)
             wt = resolve("int4-tiled", tiled, stacked=False)
             for m in (1, 16):
                 x = torch.randn(m, k, device="cuda").bfloat16()

@@ -19,8 +19,8 @@ _MAGIC_INT4 = tl.constexpr(8388616.0)  # 2**23 + 8: also removes the +8 offset o
 @triton.jit
 def element_offset(r, c, row_len, PER: tl.constexpr, TILED: tl.constexpr):
     """Offset of element (r, c) (broadcastable tensors) of an [N, row_len] packed tensor: row-major, or TILED in
-    int4-tiled's blocks of 16 rows x PER columns (a K tile's words or scales), each row after row, a row tile's
-    blocks one after another (quant/formats/tiled.py)."""
+    int4-tiled's blocks of 16 rows x PER columns (a K tile's 16 words, or 8 scale groups), each row after row, a row
+    tile's blocks one after another (quant/formats/tiled.py)."""
     if TILED:
         off = (r // 16) * (16 * row_len) + (c // PER) * (16 * PER) + (r % 16) * PER + c % PER
     else:
@@ -166,11 +166,11 @@ def load_scales(s_ptr, rows, k0, n_rows, n_groups, stride_sn, gscale, FMT: tl.co
                 smask = row_ok[:, None] & (g[None, :] >= 0)
             else:
                 smask = row_ok[:, None] & (g[None, :] < n_groups)
-            s = tl.load(s_ptr + element_offset(srows[:, None], g[None, :], stride_sn, 128 // GROUP, FMT == 5),
+            s = tl.load(s_ptr + element_offset(srows[:, None], g[None, :], stride_sn, 8, FMT == 5),
                         mask=smask)
         else:
             smask = row_ok[:, None]
-            s = tl.load(s_ptr + element_offset(srows, k0 // GROUP, stride_sn, 128 // GROUP, FMT == 5),
+            s = tl.load(s_ptr + element_offset(srows, k0 // GROUP, stride_sn, 8, FMT == 5),
                         mask=row_ok)[:, None]
         if FMT == 2:  # e8m0 exponent byte -> 2^(e-127) as fp32 bits (e = 0 decodes to 0, e = 255 to inf)
             s = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
@@ -239,7 +239,7 @@ def load_word_scales(s_ptr, rows, k0, N, n_groups, stride_sn, ROWS: tl.constexpr
         mask = (rows[None, :] < N) & (g[:, None] >= 0)
     else:
         mask = (rows[None, :] < N) & (g[:, None] < n_groups)
-    s = tl.load(s_ptr + element_offset(rows[None, :], g[:, None], stride_sn, 128 // GROUP, TILED), mask=mask,
+    s = tl.load(s_ptr + element_offset(rows[None, :], g[:, None], stride_sn, 8, TILED), mask=mask,
                 other=0.0)
     return tl.trans(s).to(tl.bfloat16)
 

@@ -7,8 +7,8 @@ leading E dim to every tensor:
 
 - int4:  weight_packed int32 [N, K/8], value j of a word at bits 4j..4j+3 stored as q+8;
          weight_scale bf16 [N, ceil(K/g)]; w = q * scale.
-- int4-tiled: the same tensors, shapes and values in blocks of 16 rows x 128 values (quant/formats/tiled.py:
-         a block's 16 rows of words, or of scales, one after another; a row tile's blocks K tile after K tile).
+- int4-tiled: the same tensors, shapes and values in blocks (quant/formats/tiled.py): words in blocks of 16 rows x
+         128 values, scales of 16 rows x 8 groups, a block's rows one after another, a row tile's blocks along K.
 - fp8:   weight float8_e4m3fn [N, K]; weight_scale_inv float32 [ceil(N/128), ceil(K/128)].
 - mxfp4: weight_packed uint8 [N, K/2], low nibble = even k, e2m1 codes;
          weight_scale uint8 e8m0 [N, K/32] meaning 2^(e-127).
@@ -27,7 +27,9 @@ from torch import Tensor
 # Integer ids the kernels receive as a constexpr to pick the in-register decoder. PLAIN is an unquantized
 # bf16/fp16/fp32 weight read as stored, so the same tile loops give batch-invariant plain matmuls.
 INT4, FP8, MXFP4, NVFP4, PLAIN, INT4_TILED = 0, 1, 2, 3, 4, 5
-TILE_ROWS, TILE_K = 16, 128  # int4-tiled's blocks (quant/formats/tiled.py, whose layout this is)
+# int4-tiled's blocks (quant/formats/tiled.py, whose layout this is): words of 16 rows x 128 values, scales of 16 rows
+# x 8 groups
+TILE_ROWS, TILE_K, SCALE_GROUPS = 16, 128, 8
 
 
 @dataclass(frozen=True)
@@ -174,9 +176,9 @@ def resolve(fmt_spec, packed: Mapping[str, Tensor], stacked: bool, **fmt_kw) -> 
             f"{tuple(values.shape)} with group {group} needs {want} per matrix"
         )
     experts = values.shape[0] if stacked else None
-    if fmt.code == INT4_TILED and (n % TILE_ROWS or k % TILE_K or group > TILE_K):
-        raise ValueError(f"int4-tiled weights are whole blocks of {TILE_ROWS} rows x {TILE_K} values with scale "
-                         f"groups of at most {TILE_K}; got N = {n}, K = {k}, group {group}")
+    if fmt.code == INT4_TILED and (n % TILE_ROWS or k % TILE_K or k % (SCALE_GROUPS * group)):
+        raise ValueError(f"int4-tiled weights are whole blocks of {TILE_ROWS} rows x {TILE_K} values (words) and x "
+                         f"{SCALE_GROUPS} groups (scales); got N = {n}, K = {k}, group {group}")
     if fmt.global_key:
         gs = packed[fmt.global_key]
         if gs.numel() != (experts or 1):

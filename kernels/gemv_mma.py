@@ -41,7 +41,7 @@ from torch import Tensor
 from . import configs, emulate
 from .configs import TILE_K, GemvConfig, sm_count
 from .emulate import INTERPRETED
-from .formats import TILE_ROWS, PackedWeight
+from .formats import SCALE_GROUPS, TILE_ROWS, PackedWeight
 from .gemv_lora import N_COUNTERS, LoraDelta, lora_arrive, lora_leave, lora_rank_program
 from .gemv_out import flat_program, launch_args, store_out
 from .pdl import launch_dependents, use_pdl, wait_for_producers
@@ -173,8 +173,11 @@ _LOAD_X_PAIRS = tl.constexpr(_load_x_asm((0, 16, 128, 144)))  # words 2t, 2t + 1
 # scales (by group size).
 _W_BYTES = tl.constexpr(TILE_K // 2)
 _X_BYTES = tl.constexpr(TILE_K * 2)
-# int4-tiled's layout (quant/formats/tiled.py): blocks of TILE_ROWS rows x one K tile, a row's 64 bytes after another's.
+# int4-tiled's layout (quant/formats/tiled.py): words in blocks of TILE_ROWS rows x one K tile (a row's 64 bytes after
+# another's), scales in blocks of TILE_ROWS rows x SCALE_GROUPS groups (a row's 16 bytes after another's).
 _TILE_ROWS = tl.constexpr(TILE_ROWS)
+_SCALE_GROUPS = tl.constexpr(SCALE_GROUPS)
+_S_BLOCK = tl.constexpr(TILE_ROWS * SCALE_GROUPS * 2)  # bytes of a scale block
 
 
 @triton.jit
@@ -184,9 +187,22 @@ def _w_ktile(TILED: tl.constexpr):
 
 
 @triton.jit
-def _s_ktile(TILED: tl.constexpr, GROUP: tl.constexpr):
-    """Bytes from a row's scales of one K tile to the next."""
-    return (_TILE_ROWS if TILED else 1) * (_TILE_K // GROUP) * 2
+def _s_groups(g, TILED: tl.constexpr):
+    """Bytes from a row's scale of group 0 to its group g (whole blocks apart where tiled: g a multiple of 8, or
+    groups of one block row)."""
+    if TILED:
+        off = (g // _SCALE_GROUPS) * _S_BLOCK + (g % _SCALE_GROUPS) * 2
+    else:
+        off = g * 2
+    return off
+
+
+@triton.jit
+def _s_ktiles(tiles, TILED: tl.constexpr, GROUP: tl.constexpr):
+    """Bytes from a row's scales of one K tile to those `tiles` K tiles on: within a step of U tiles, whose first K
+    tile is a multiple of U (so its groups never straddle a scale block they do not start); from one trip to the
+    next where a trip's groups are whole blocks (mma_mainloop)."""
+    return _s_groups(tiles * (_TILE_K // GROUP), TILED)
 
 
 @triton.jit
@@ -196,7 +212,7 @@ def _load_w_rows(wa, sa, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr, GROUP: 
     words) and sa (its scale); rows g + 8 are constant offsets (the strides are compile-time; TILED: int4-tiled's
     layout, 8 rows of a block on), which ptxas folds into the loads."""
     wb = wa + (8 * _W_BYTES if TILED else 8 * 4 * STRIDE_W)
-    sb = sa + (8 * (_TILE_K // GROUP) * 2 if TILED else 8 * 2 * STRIDE_S)
+    sb = sa + (8 * _SCALE_GROUPS * 2 if TILED else 8 * 2 * STRIDE_S)
     if _EMULATE:
         return emulate.load_w_rows(wa, wb, sa, sb, PAIRS, GROUP)
     if PAIRS:  # (the selector of _load_w_asm's group-32 permute: lanes t >= 2 take the high halves)
@@ -232,7 +248,7 @@ def _load_weights(w_lane, s_lane, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr
     for u in tl.static_range(U):
         for m in tl.static_range(MT):
             out = out + (_load_w_rows(w_lane[m % B] + (16 * (m // B) * 4 * STRIDE_W + u * _w_ktile(TILED)),
-                                      s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + u * _s_ktile(TILED, GROUP)),
+                                      s_lane[m % B] + (16 * (m // B) * 2 * STRIDE_S + _s_ktiles(u, TILED, GROUP)),
                                       STRIDE_W, STRIDE_S, GROUP, LOAD, PAIRS, TILED),)  # fmt: skip
     return out
 
@@ -280,12 +296,11 @@ def lane_addresses(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.con
     ks = k_lo if PAIRS else kt
     r = rows.to(tl.int64)
     w_base, s_base = w_ptr.to(tl.int64, bitcast=True), s_ptr.to(tl.int64, bitcast=True)
-    if TILED:  # block (r // 16, K tile) starts where row-major row tile r // 16 does, plus the K tile's blocks
+    if TILED:  # row tile r // 16's blocks start where its row-major rows do; then the K tile's, or group's, block
         row_tile, row = r // _TILE_ROWS * _TILE_ROWS, r % _TILE_ROWS
         w_lane = (w_base + row_tile * stride_wn * 4 + (kt // _TILE_K) * _w_ktile(TILED) + row * _W_BYTES
                   + (kt % _TILE_K) // 2)  # fmt: skip
-        s_lane = (s_base + row_tile * stride_sn * 2 + (ks // _TILE_K) * _s_ktile(TILED, GROUP)
-                  + row * (_TILE_K // GROUP) * 2 + ((ks % _TILE_K) // GROUP) * 2)  # fmt: skip
+        s_lane = s_base + row_tile * stride_sn * 2 + row * _SCALE_GROUPS * 2 + _s_groups(ks // GROUP, TILED)
     else:
         w_lane = w_base + r * stride_wn * 4 + kt // 2
         s_lane = s_base + r * stride_sn * 2 + (ks // GROUP) * 2
@@ -319,15 +334,22 @@ def zero_accumulators(MT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr):
 
 
 @triton.jit
-def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
+def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W: tl.constexpr, STRIDE_S: tl.constexpr,
                  GROUP: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, LOAD: tl.constexpr,
                  NW: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, KSTEP: tl.constexpr,
                  TILED: tl.constexpr = False):  # fmt: skip
     """A warp's accumulators (MT tuples of 4 NT fp32 registers) over its tiles_per_warp K tiles: the weights of the
     lane_addresses w_lane / s_lane times the activations of x_lane (activation_lanes'), all at the warp's first K
-    tile. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait). A trip
+    tile, k_lo. nxt: the first step's weights (_load_weights, which the caller may issue before its PDL wait). A trip
     advances KSTEP steps of U K tiles: 1 where a warp's K tiles are adjacent, NW where the program's warps take
     alternate steps (GemvConfig.mma_interleave_k)."""
+    # Tiled scales advance a whole number of blocks a trip, or (fewer groups a trip than a block row's 8) are found
+    # from the trip's first group: the block it lies in and its place in the block's row (a few integer operations).
+    TRIP_GROUPS: tl.constexpr = KSTEP * U * (_TILE_K // GROUP)
+    BY_GROUP: tl.constexpr = TILED and TRIP_GROUPS % _SCALE_GROUPS != 0
+    if BY_GROUP:
+        g_lo = k_lo // GROUP
+        s_row = _advance(s_lane, -_s_groups(g_lo, TILED))
     x_nxt = _load_xs(x_lane, U, NT, PAIRS)
     acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's
@@ -339,7 +361,10 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W: tl.const
     # in the thirty-sixth session, as in the twenty-eighth: bench/RESULTS.md; the code is at 2b1fc3b.)
     for _i in range(U, tiles_per_warp, U):
         w_lane = _advance(w_lane, KSTEP * U * _w_ktile(TILED))
-        s_lane = _advance(s_lane, KSTEP * U * _s_ktile(TILED, GROUP))
+        if BY_GROUP:
+            s_lane = _advance(s_row, _s_groups(g_lo + (_i // U) * TRIP_GROUPS, TILED))
+        else:
+            s_lane = _advance(s_lane, _s_ktiles(KSTEP * U, TILED, GROUP))
         x_lane = _advance(x_lane, KSTEP * U * _X_BYTES)
         acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
         nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, TILED)
@@ -433,8 +458,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om
         wait_for_producers(PDL, False)
         arrived = lora_arrive(lt, LORA)
         stamp(stamp_ptr, tl.program_id(0), 4, STAMPS)
-        acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, NT, U, LOAD,
-                           NW, PAIRS, TILE, NW if INTERLEAVE else 1, TILED)
+        acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W, STRIDE_S, GROUP, MT, NT, U,
+                           LOAD, NW, PAIRS, TILE, NW if INTERLEAVE else 1, TILED)
         stamp(stamp_ptr, tl.program_id(0), 5, STAMPS)
         launch_dependents(PDL)  # (here, not after the wait: there it cost registers)
         if LORA or not DIRECT:  # the LoRA epilogue adds its delta to whole tiles

@@ -73,7 +73,7 @@ def _grouped_mma_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, out_ptr, offsets_pt
             w_lane, s_lane = w_lane + (up_w,), s_lane + (up_s,)
         x_lane = activation_lanes(x_ptr, first + g, end, k_lo, stride_xm, 1, PAIRS)
         nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, TILED)
-        acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, STRIDE_W, STRIDE_S, GROUP, MT, 1, U, LOAD,
+        acc = mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W, STRIDE_S, GROUP, MT, 1, U, LOAD,
                            NW, PAIRS, TILE, 1, TILED)  # fmt: skip
         launch_dependents(PDL)
         offs_m = first + tl.arange(0, _ROW_TILE)

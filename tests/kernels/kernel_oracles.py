@@ -19,7 +19,7 @@ def random_weight(fmt: str, shape: tuple[int, ...], seed: int = 0, device="cpu")
 def row_major(fmt: str, packed: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
     """An int4-tiled weight (`fmt` ends in -tiled) as the same values in the row-major format: (its name, tensors)."""
     f = get_format(fmt)
-    return f.name.removesuffix("-tiled"), untile_packed(packed, f.group_size)
+    return f.name.removesuffix("-tiled"), untile_packed(packed)
 
 
 def matmul_bound(a: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, rel: float) -> torch.Tensor:

@@ -67,17 +67,20 @@ from orbit_lightning.kernels import gemv_mma
 from orbit_lightning.kernels.configs import GemvConfig
 
 names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
-for mt, nt, nw, lora, u, pairs in ((1, 1, 8, False, 2, False), (1, 1, 8, True, 2, False), (2, 1, 8, False, 2, False),
-                                    (1, 1, 4, False, 1, False), (1, 2, 8, True, 1, False), (1, 2, 8, False, 1, True),
-                                    (2, 1, 8, True, 2, True)):  # shipped M = 1 first; nt 2 serves 8 < M <= 16
+for mt, nt, nw, lora, u, pairs, tiled in (
+        (1, 1, 8, False, 2, False, False), (1, 1, 8, True, 2, False, False), (2, 1, 8, False, 2, False, False),
+        (1, 1, 4, False, 1, False, False), (1, 2, 8, True, 1, False, False), (1, 2, 8, False, 1, True, False),
+        (2, 1, 8, True, 2, True, False), (1, 1, 8, False, 2, False, True),
+        (1, 2, 8, False, 1, True, True)):  # shipped M = 1 first; nt 2 serves 8 < M <= 16; int4-tiled's last
     cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs)
-    const = dict(gemv_mma.kernel_constexprs(cfg, 1 if nt == 1 else 16, nw, 32, 18432 // 8, 18432 // 32, True),
+    const = dict(gemv_mma.kernel_constexprs(cfg, 1 if nt == 1 else 16, nw, 32, 18432 // 8, 18432 // 32, True, tiled),
                  LORA=lora, BR=16, STAMPS=False)  # K 18432
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in ("ls0", "ls1", "ls2") else "i32")
            for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    report[f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}" + ("-pairs" * pairs)] = ptxas_report(src, num_warps=nw)
+    report[f"mma-mt{mt}-nt{nt}-u{u}-lora{int(lora)}" + ("-pairs" * pairs) + ("-tiled" * tiled)] = ptxas_report(
+        src, num_warps=nw)
 
 import importlib
 
@@ -118,15 +121,18 @@ names = list(inspect.signature(grouped_mma._grouped_mma_kernel.fn).parameters)
 pointers = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "w2_ptr": "*i32", "s2_ptr": "*bf16",
             "out_ptr": "*bf16", "offsets_ptr": "*i32", "u_ptr": "*bf16", "b_ptr": "*bf16", "b2_ptr": "*bf16",
             "scale": "fp32"}
-for mt, u, swiglu, lora in ((1, 2, False, 0), (2, 2, False, 0), (1, 1, False, 0), (2, 2, True, 0), (2, 2, True, 16),
-                            (2, 2, False, 16), (2, 2, True, 8), (2, 2, True, 64)):  # _GROUPED_MMA's, with LoRA rank
+for mt, u, swiglu, lora, tiled in ((1, 2, False, 0, False), (2, 2, False, 0, False), (1, 1, False, 0, False),
+                                   (2, 2, True, 0, False), (2, 2, True, 16, False), (2, 2, False, 16, False),
+                                   (2, 2, True, 8, False), (2, 2, True, 64, False), (1, 1, False, 0, True),
+                                   (2, 2, True, 16, True)):  # _GROUPED_MMA's, with LoRA rank; int4-tiled's last
     cfg = GemvConfig(16, 16 if swiglu else 16 * mt, 128, mma=True, num_warps=4, mma_tiles=u, l2_prefetch=128)
-    const = dict(grouped_mma.kernel_constexprs(cfg, 32, 4, 128, swiglu, lora, True), STRIDE_W=2048 // 8,
+    const = dict(grouped_mma.kernel_constexprs(cfg, 32, 4, 128, swiglu, lora, True, tiled), STRIDE_W=2048 // 8,
                  STRIDE_S=2048 // 32)
     sig = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in names}
     src = ASTSource(fn=grouped_mma._grouped_mma_kernel, signature=sig,
                     constexprs={(names.index(k),): v for k, v in const.items()})
-    name = ("mma-grouped-swiglu" if swiglu else f"mma-grouped-mt{mt}-u{u}") + (f"-lora{lora}" if lora else "")
+    name = (("mma-grouped-swiglu" if swiglu else f"mma-grouped-mt{mt}-u{u}") + (f"-lora{lora}" if lora else "")
+            + ("-tiled" if tiled else ""))
     report[name] = ptxas_report(src, num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
 grouped_lora = importlib.import_module("orbit_lightning.kernels.grouped_lora")
 names = list(inspect.signature(grouped_lora._lora_a_kernel.fn).parameters)
@@ -168,13 +174,15 @@ def test_decode_gemv_compiles_for_sm90_within_its_register_budget():
     assert set(report) == {"m1-lora0", "m1-lora1", "m16-lora0", "m16-lora1", "m1-lora1-stamps", "tma-lora0",
                            "tma-lora1", "mma-mt1-nt1-u2-lora0", "mma-mt1-nt1-u2-lora1", "mma-mt2-nt1-u2-lora0",
                            "mma-mt1-nt1-u1-lora0", "mma-mt1-nt2-u1-lora1",
-                           "mma-mt1-nt2-u1-lora0-pairs", "mma-mt2-nt1-u2-lora1-pairs", "rope-norm0", "rope-norm1",
+                           "mma-mt1-nt2-u1-lora0-pairs", "mma-mt2-nt1-u2-lora1-pairs", "mma-mt1-nt1-u2-lora0-tiled",
+                           "mma-mt1-nt2-u1-lora0-pairs-tiled", "rope-norm0", "rope-norm1",
                            "grouped-dx0-i32", "grouped-dx1-i32", "grouped-dx0-i64", "_slot_sum_kernel",
                            "_combine_backward_kernel", "_sort_kernel", "_softmax_topk_kernel",
                            "mma-grouped-mt1-u2", "mma-grouped-mt2-u2",
                            "mma-grouped-mt1-u1", "mma-grouped-swiglu", "mma-grouped-swiglu-lora16",
                            "mma-grouped-mt2-u2-lora16", "mma-grouped-swiglu-lora8", "mma-grouped-swiglu-lora64",
-                           "_lora_a_kernel", "_lora_a_kernel-r64"}
+                           "mma-grouped-mt1-u1-tiled", "mma-grouped-swiglu-lora16-tiled", "_lora_a_kernel",
+                           "_lora_a_kernel-r64"}
     assert not any(r["spills"] for r in report.values()), report
     assert max(report["m1-lora0"]["registers"], report["m1-lora1"]["registers"]) <= 168, report
     # 16 rows x 128 experts per 4-warp program hold ~16 probabilities and ranks per thread: room for 2+ programs

@@ -17,8 +17,8 @@ SHAPES = {
     "int4-g64": (24, 192, 128),
     "int4-g128": (24, 384, 256),
     # int4-tiled: whole blocks of 16 rows x 128 (N = 48 is a partial 32-row tile); K tiles inside a block or over two
-    "int4-tiled": (48, 384, 256),
-    "int4-g64-tiled": (32, 256, 64),
+    "int4-tiled": (48, 512, 256),
+    "int4-g64-tiled": (32, 512, 64),
     "fp8": (150, 200, 64),
     "mxfp4": (33, 96, 64),
     "nvfp4": (20, 80, 32),

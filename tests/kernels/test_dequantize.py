@@ -11,7 +11,7 @@ pytestmark = pytest.mark.usefixtures("cpu_kernels")
 
 @pytest.mark.parametrize(("fmt", "shape"), [("int4", (40, 96)), ("int4-g128", (2, 8, 256)), ("fp8", (150, 200)),
                                             ("mxfp4", (3, 33, 64)), ("nvfp4", (3, 20, 48)),
-                                            ("int4-tiled", (2, 48, 384)), ("int4-g64-tiled", (32, 256))])
+                                            ("int4-tiled", (2, 48, 512)), ("int4-g64-tiled", (32, 512))])
 def test_dequantize_matches_reference(fmt, shape):
     f = get_format(fmt)
     packed = f.random_packed(shape, generator=torch.Generator().manual_seed(0))

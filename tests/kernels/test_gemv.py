@@ -26,8 +26,8 @@ from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, rando
 SHAPES = {
     "int4": (41, 160),
     "int4-g128": (23, 384),
-    "int4-tiled": (48, 384),  # whole 16 x 128 blocks; a partial 32-row tile
-    "int4-g128-tiled": (32, 256),
+    "int4-tiled": (48, 512),  # whole blocks; a partial 32-row tile
+    "int4-g128-tiled": (32, 1024),
     "fp8": (150, 200),
     "mxfp4": (33, 96),
     "nvfp4": (19, 80),

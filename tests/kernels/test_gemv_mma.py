@@ -58,7 +58,8 @@ def test_the_mma_kernel_serves_only_what_it_reads():
 @pytest.mark.parametrize("case", ["one-warp", "two-rowtiles", "g128-two-warps", "one-tile-steps", "pairs-two-rowtiles",
                                   "pairs-g128-two-warps", "pairs-one-tile-steps", "pairs-g64",
                                   "interleaved-k", "pairs-interleaved-k", "tiled-two-rowtiles",
-                                  "pairs-tiled-interleaved-k", "tiled-g64", "tiled-g128-one-tile-steps"])
+                                  "pairs-tiled-interleaved-k", "tiled-g64", "tiled-g128-one-tile-steps",
+                                  "tiled-one-tile-steps"])
 def test_mma_gemv_under_the_interpreter(case):
     """(The LoRA in the launch is left to the GPU tests: under the interpreter bf16 adapters give wrong deltas in the
     tile kernels too, an interpreter limit this emulation does not touch.)"""
@@ -84,7 +85,9 @@ def test_mma_gemv_under_the_interpreter(case):
         "pairs-tiled-interleaved-k": (48, 1536, GemvConfig(16, 16, 128, mma=True, num_warps=4, mma_word_pairs=True,
                                                            mma_interleave_k=True), "int4-tiled"),
         "tiled-g64": (64, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_tiles=2), "int4-g64-tiled"),
-        "tiled-g128-one-tile-steps": (32, 768, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_word_pairs=True),
+        "tiled-one-tile-steps": (32, 768, GemvConfig(16, 16, 128, mma=True, num_warps=2), "int4-tiled"),
+        # one K tile a step at group 128: a scale block row (8 groups) spans 8 steps, warp 1 starts in mid-block
+        "tiled-g128-one-tile-steps": (32, 1024, GemvConfig(16, 16, 128, mma=True, num_warps=2, mma_word_pairs=True),
                                       "int4-g128-tiled"),
     }[case]
     packed, w = random_weight(fmt, (n, k), seed=4)

@@ -51,7 +51,7 @@ CASES = {  # name: (format, E, N, K, config)
     "one-k-tile-steps-g128": ("int4-g128", 8, 64, 384, configs._GROUPED_MMA_NARROW[1]),
     "one-warp": ("int4", 8, 32, 256, replace(configs._GROUPED_MMA, num_warps=1)),
     "tiled-two-row-tiles": ("int4-tiled", 8, 256, 2048, configs._GROUPED_MMA),
-    "tiled-one-k-tile-steps-g128": ("int4-g128-tiled", 8, 64, 384, configs._GROUPED_MMA_NARROW[1]),
+    "tiled-one-k-tile-steps-g128": ("int4-g128-tiled", 8, 64, 2048, configs._GROUPED_MMA_NARROW[1]),
 }
 
 
@@ -74,7 +74,9 @@ CPU_CASES = {  # small shapes: the emulation multiplies every lane's tile out in
     "cpu-two-row-tiles": ("int4", 8, 32, 256, configs._GROUPED_MMA),
     "cpu-one-k-tile-steps-g128": ("int4-g128", 8, 16, 384, configs._GROUPED_MMA_NARROW[1]),
     "cpu-tiled-two-row-tiles": ("int4-tiled", 4, 32, 256, configs._GROUPED_MMA),  # experts of 2 row blocks
-    "cpu-tiled-one-k-tile-steps-g64": ("int4-g64-tiled", 4, 16, 384, configs._GROUPED_MMA_NARROW[1]),
+    # one warp's 8 one-tile steps: 16 scale groups, two block rows, found group by group
+    "cpu-tiled-one-k-tile-steps-g64": ("int4-g64-tiled", 4, 16, 1024, replace(configs._GROUPED_MMA_NARROW[1],
+                                                                              num_warps=1)),
 }
 
 

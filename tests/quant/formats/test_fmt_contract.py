@@ -6,7 +6,7 @@ import torch
 from orbit_lightning.quant.formats import FORMATS, get_format, index_leading, quantization_error
 
 ALL = sorted(FORMATS)
-SHAPE = (3, 64, 256)  # [E, N, K]: K divisible by every block size, N not a multiple of fp8's 128
+SHAPE = (3, 64, 1024)  # [E, N, K]: K divisible by every block size (and int4-tiled's), N not a multiple of fp8's 128
 
 
 def _weight(shape=SHAPE, seed=0):
@@ -25,7 +25,7 @@ def _assert_same_bits(a: dict, b: dict):
 
 
 @pytest.mark.parametrize("spec", ALL)
-@pytest.mark.parametrize("shape", [SHAPE, (64, 256)])
+@pytest.mark.parametrize("shape", [SHAPE, (64, 1024)])
 def test_packed_shapes_match_quantize(spec, shape):
     fmt = get_format(spec)
     packed = fmt.quantize(_weight(shape).bfloat16())
@@ -79,7 +79,7 @@ def test_error_bounds_cover_every_format():
 @pytest.mark.parametrize("spec", ALL)
 def test_relative_error_in_expected_range(spec):
     lo, hi = ERROR_RANGE[spec]
-    err = quantization_error(_weight((128, 512), seed=1).bfloat16(), spec)
+    err = quantization_error(_weight((128, 1024), seed=1).bfloat16(), spec)
     assert lo < err["rel_fro"] < hi
 
 
@@ -118,10 +118,10 @@ def test_bad_inputs_are_clear_errors(spec):
     with pytest.raises(ValueError, match=r"shape \[\.\.\., N, K\]"):
         fmt.validate((256,))
     with pytest.raises(TypeError, match="floating-point"):
-        fmt.quantize(torch.ones(16, 256, dtype=torch.int32))
+        fmt.quantize(torch.ones(16, 1024, dtype=torch.int32))
     with pytest.raises(ValueError, match="NaN or inf"):
-        fmt.quantize(torch.full((16, 256), float("nan")))
-    packed = fmt.quantize(_weight((16, 256)))
+        fmt.quantize(torch.full((16, 1024), float("nan")))
+    packed = fmt.quantize(_weight((16, 1024)))
     missing = next(iter(packed))
     with pytest.raises(KeyError, match=missing):
         fmt.dequantize({k: v for k, v in packed.items() if k != missing})

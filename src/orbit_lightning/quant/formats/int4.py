@@ -113,7 +113,7 @@ class Int4Format(QuantFormat):
         return self
 
     def to_storage(self, key: str, tensor: Tensor) -> Tensor:
-        return tile_tensor(key, tensor, self.group_size) if self.tiled else tensor
+        return tile_tensor(key, tensor) if self.tiled else tensor
 
     def packed_shapes(self, shape: tuple[int, ...]) -> PackedShapes:
         self.validate(shape)
@@ -136,12 +136,12 @@ class Int4Format(QuantFormat):
         })
 
     def _stored(self, row_major: dict[str, Tensor]) -> dict[str, Tensor]:
-        return tile_packed(row_major, self.group_size) if self.tiled else row_major
+        return tile_packed(row_major) if self.tiled else row_major
 
     def dequantize(self, packed: dict[str, Tensor], dtype: torch.dtype = torch.bfloat16) -> Tensor:
         self._check_packed(packed, ("weight_packed", "weight_scale"))
         if self.tiled:
-            packed = untile_packed({k: packed[k] for k in ("weight_packed", "weight_scale")}, self.group_size)
+            packed = untile_packed({k: packed[k] for k in ("weight_packed", "weight_scale")})
         cdt = float_compute_dtype(dtype)
         scale = packed["weight_scale"].to(cdt)
         q = unpack_int4(packed["weight_packed"]).to(cdt).unflatten(-1, (scale.shape[-1], -1))

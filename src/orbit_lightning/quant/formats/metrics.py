@@ -23,6 +23,11 @@ def bytes_per_param(fmt: QuantFormat | str, shape: tuple[int, ...]) -> float:
     return get_format(fmt).nbytes(shape) / math.prod(shape)
 
 
+def value_formats() -> list[str]:
+    """The registered formats but the storage layouts of another's values (int4-tiled: int4's), sorted."""
+    return [name for name in sorted(FORMATS) if not getattr(get_format(name), "tiled", False)]
+
+
 def print_error_table(
     shape: tuple[int, int] = (1024, 4096), std: float = 0.02, seed: int = 0, specs: list[str] | None = None
 ) -> str:
@@ -30,7 +35,7 @@ def print_error_table(
     w = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * std
     header = f"{'format':<10} {'bytes/param':>11} {'rel_fro':>9} {'max_abs':>10}"
     lines = [f"weight {tuple(shape)} ~ N(0, {std}), seed {seed}", header]
-    for spec in specs or sorted(FORMATS):
+    for spec in specs or value_formats():
         err, size = quantization_error(w, spec), bytes_per_param(spec, shape)
         lines.append(f"{spec:<10} {size:>11.4f} {err['rel_fro']:>9.4f} {err['max_abs']:>10.2e}")
     table = "\n".join(lines)
