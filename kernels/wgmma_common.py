@@ -1,5 +1,6 @@
 """Pieces the warpgroup-MMA kernels (wgmma_int4.py's forward, wgmma_int4_dx.py's dX) share: the TMA load and
-descriptors, a grouped program's tile lookup, and the epilogue that stores a tile (or sums its K splits)."""
+descriptors (of row-major and int4-tiled packed tensors), a grouped program's tile lookup, and the epilogue that
+stores a tile (or sums its K splits)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,48 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# Triton 3.9 renamed the TMA load and the CTA barrier (3.6, on the GPU machine, has only the old names).
+# Triton 3.9 renamed the TMA load, the CTA barrier and shared memory's reinterpret (3.6, on the GPU machine, has only
+# the old names).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @functools.cache
-def _smem_layout(rows: int, cols: int, dtype: str) -> gl.NVMMASharedLayout:
+def smem_layout(block: tuple[int, ...], dtype: str) -> gl.NVMMASharedLayout:
     """The TMA tiles' shared-memory layout (the same per tile shape; built once, not on every decode launch)."""
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], {"bf16": gl.bfloat16, "int32": gl.int32}[dtype])
+    return gl.NVMMASharedLayout.get_default_for(list(block), {"bf16": gl.bfloat16, "int32": gl.int32}[dtype])
 
 
 def tma_desc(t: Tensor, block: list[int], dtype: str) -> TensorDescriptor:
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _smem_layout(*block, dtype))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, smem_layout(tuple(block), dtype))
+
+
+def packed_desc(t: Tensor, block: list[int], dtype: str, per: int, tiled: bool) -> TensorDescriptor:
+    """tma_desc of a packed tensor t [rows, C] (words or scales), boxes `block` [box rows, box columns]; tiled: t in
+    int4-tiled's blocks of 16 rows x `per` columns, described as the 4-D [rows / 16, C / per, 16, per] with boxes
+    [box rows / 16, 1, 16, box columns] (a box's columns inside one block): such a box lands in shared memory as the
+    row-major box does, the same bytes in the same swizzle, for the kernels read them as that (tma_load_rows)."""
+    if not tiled:
+        return tma_desc(t, block, dtype)
+    rows, cols = t.shape
+    view = t.view(rows // 16, cols // per, 16, per)
+    box = (block[0] // 16, 1, 16, block[1])
+    return TensorDescriptor(view, list(view.shape), list(view.stride()), list(box), smem_layout(box, dtype))
+
+
+@gluon.jit
+def tma_load_rows(desc, row, col, barrier, dest, PER: gl.constexpr, TILED: gl.constexpr):
+    """TMA of packed_desc's box at (row, col) of the 2-D tensor into dest (a 2-D buffer of the box's shape); TILED:
+    from int4-tiled's 4-D view (row a multiple of 16, the box's columns inside one block of PER)."""
+    if TILED:
+        if _PUBLIC_REINTERPRET:
+            tiles = dest.reinterpret(dest.dtype, desc.block_type.shape, desc.layout)
+        else:
+            tiles = dest._reinterpret(dest.dtype, desc.block_type.shape, desc.layout)
+        tma_load(desc, [row // 16, col // PER, 0, col % PER], barrier, tiles)
+    else:
+        tma_load(desc, [row, col], barrier, dest)
 
 
 @gluon.jit

@@ -45,14 +45,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .configs import capability, max_row_tiles, sm_count, split_evenly
 from .dequant import _INT4_BF16_ASM
-from .formats import INT4, PackedWeight
+from .formats import SCALE_GROUPS, TILE_K, PackedWeight
 from .pdl import gluon_launch_dependents, gluon_wait, use_pdl
 from .timeline import CYCLES, check_stamps, gluon_stamp
-from .wgmma_common import find_tile, store_block, tma_desc, tma_load
+from .wgmma_common import find_tile, packed_desc, smem_layout, store_block, tma_desc, tma_load, tma_load_rows
 
 MIN_ROWS = 9  # below, gemv_mma.py's decode GEMV serves (one n8 tile of rows; 1.86-2.06x bf16 at M = 4-8)
 # Scale groups per TMA box: 8 bf16 = 16 bytes, TMA's smallest inner box. A chunk spans 8 * GROUP of K (CS steps).
-SCALE_CHUNK = gl.constexpr(8)
+SCALE_CHUNK = gl.constexpr(SCALE_GROUPS)  # (int4-tiled's scale blocks are as wide: a chunk's box is a block row)
+WORDS_PER_BLOCK = gl.constexpr(TILE_K // 8)  # int4-tiled's words: a block row is a K tile's 16 words
 # Timeline stamps (kernels/timeline.py; bench/wgmma_timeline.py): cycle counts when a program's first step has
 # landed, when its last wgmma is done, at exit, and when the loader began to issue loads (entry and exit on the
 # global timer are timeline's own slots). A phase is timed on one clock: the global timer's exit less a cycle-timed
@@ -109,26 +110,27 @@ def _word_scales(scales, BN: gl.constexpr, BK: gl.constexpr, GPS: gl.constexpr, 
 
 
 @gluon.jit
-def _load_scales(s_desc, s_smem, s_ready, sslot, w_row, g):
+def _load_scales(s_desc, s_smem, s_ready, sslot, w_row, g, TILED: gl.constexpr):
     mbarrier.expect(s_ready.index(sslot), s_desc.block_type.nbytes)
-    tma_load(s_desc, [w_row, g], s_ready.index(sslot), s_smem.index(sslot))
+    tma_load_rows(s_desc, w_row, g, s_ready.index(sslot), s_smem.index(sslot), SCALE_CHUNK, TILED)
 
 
 @gluon.jit
-def _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k, WORDS: gl.constexpr):
+def _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k, WORDS: gl.constexpr,
+               TILED: gl.constexpr):
     """A step's activations and (WORDS) words into ring slot `slot`; without WORDS they went out already, under the
-    slot's expected bytes for both."""
+    slot's expected bytes for both. TILED: int4-tiled words (wgmma_common.packed_desc)."""
     if WORDS:
         mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
     tma_load(x_desc, [m_lo, k], ready.index(slot), x_smem.index(slot))
     if WORDS:
-        tma_load(w_desc, [w_row, k // 8], ready.index(slot), w_smem.index(slot))
+        tma_load_rows(w_desc, w_row, k // 8, ready.index(slot), w_smem.index(slot), WORDS_PER_BLOCK, TILED)
 
 
 @gluon.jit
 def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row, m_lo,
                     k_lo, n_chunks, GROUP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                    CS: gl.constexpr, SSTAGES: gl.constexpr, stamps_ptr=None, program=0,
+                    CS: gl.constexpr, SSTAGES: gl.constexpr, TILED: gl.constexpr, stamps_ptr=None, program=0,
                     STAMPS: gl.constexpr = False, PDL: gl.constexpr = False):
     """One warp: TMA loads, as slots come free, of each chunk's scales (CS steps' worth) into their ring and of each
     step's activations and words into theirs. PDL: the first scale chunk and the first STAGES steps' words go out
@@ -139,11 +141,12 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
     # plain build's loop, as compiled for sm_90.)
     if PDL:
         if n_chunks > 0:
-            _load_scales(s_desc, s_smem, s_ready, 0, w_row, k_lo // GROUP)
+            _load_scales(s_desc, s_smem, s_ready, 0, w_row, k_lo // GROUP, TILED)
         for j in gl.static_range(STAGES):
             if j < n_chunks * CS:
                 mbarrier.expect(ready.index(j), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-                tma_load(w_desc, [w_row, (k_lo + j * BK) // 8], ready.index(j), w_smem.index(j))
+                tma_load_rows(w_desc, w_row, (k_lo + j * BK) // 8, ready.index(j), w_smem.index(j), WORDS_PER_BLOCK,
+                              TILED)
         gluon_wait()
         gluon_launch_dependents()
     for c in range(n_chunks):
@@ -151,20 +154,20 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
         mbarrier.wait(s_empty.index(sslot), ((c // SSTAGES) & 1) ^ 1)  # (fresh barriers count as released)
         if PDL:
             if c > 0:
-                _load_scales(s_desc, s_smem, s_ready, sslot, w_row, k_lo // GROUP + c * SCALE_CHUNK)
+                _load_scales(s_desc, s_smem, s_ready, sslot, w_row, k_lo // GROUP + c * SCALE_CHUNK, TILED)
         else:
-            _load_scales(s_desc, s_smem, s_ready, sslot, w_row, k_lo // GROUP + c * SCALE_CHUNK)
+            _load_scales(s_desc, s_smem, s_ready, sslot, w_row, k_lo // GROUP + c * SCALE_CHUNK, TILED)
         for j in gl.static_range(CS):
             i = c * CS + j
             slot = i % STAGES
             mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
             if PDL:
                 if i < STAGES:
-                    _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, False)
+                    _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, False, TILED)
                 else:
-                    _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, True)
+                    _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, True, TILED)
             else:
-                _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, True)
+                _load_step(x_desc, w_desc, x_smem, w_smem, ready, slot, m_lo, w_row, k_lo + i * BK, True, TILED)
 
 
 @gluon.jit
@@ -254,7 +257,8 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                        GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
                        STAGES: gl.constexpr, SSTAGES: gl.constexpr, SPLIT: gl.constexpr, GROUPED: gl.constexpr,
                        HALVES: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr):
+                       WORKER_REGS: gl.constexpr, STAMPS: gl.constexpr, PDL: gl.constexpr, TILED: gl.constexpr,
+                       W_SMEM: gl.constexpr, S_SMEM: gl.constexpr, num_warps: gl.constexpr):
     # PDL's waits sit in the loader and before the one-partition stores; the grouped kernel reads the offsets first.
     gl.static_assert(not PDL or (PARTS == 1 and not GROUPED), "PDL launches take dense one-partition tiles only")
     pid_n = gl.program_id(0)
@@ -281,8 +285,9 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         w_row = pid_n * BN
 
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], w_desc.layout)
-    s_smem = gl.allocate_shared_memory(gl.bfloat16, [SSTAGES, BN, SCALE_CHUNK], s_desc.layout)
+    # (W_SMEM / S_SMEM: the 2-D boxes' layouts, which int4-tiled's 4-D boxes land in: wgmma_common.packed_desc)
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], W_SMEM)
+    s_smem = gl.allocate_shared_memory(gl.bfloat16, [SSTAGES, BN, SCALE_CHUNK], S_SMEM)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     s_ready = gl.allocate_shared_memory(gl.int64, [SSTAGES, 1], mbarrier.MBarrierLayout())
@@ -303,15 +308,15 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
                                     pid_n * BN, m_lo, m_end, M, N, stride_om, PN, GROUP, PN, BM, BK, STAGES, CS,
                                     SSTAGES, num_warps)),
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
-                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES)),
+                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, TILED)),
         ], [num_warps, 1], [WORKER_REGS, 24])
     else:
         results = gl.warp_specialize([
             (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
                               GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps, stamps_ptr, program, STAMPS)),
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
-                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, stamps_ptr, program, STAMPS,
-                               PDL)),
+                               m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, TILED, stamps_ptr, program,
+                               STAMPS, PDL)),
         ], [1], [24])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -360,18 +365,19 @@ def max_registers(bm: int, group: int) -> int:
 
 
 def supports(x: Tensor, w: PackedWeight) -> bool:
-    """Whether wgmma_int4 can compute x @ W^T: int4 W (one matrix; groups of 32 or 128, the compiled and tested ones,
+    """Whether wgmma_int4 can compute x @ W^T: int4 W (row-major or int4-tiled, contiguous; one matrix; groups of 32
+    or 128, the compiled and tested ones,
     and at least a group of K per step: pick_tile's tile for the rows) on bf16 x of MIN_ROWS to MAX_ROWS rows, on an
     sm_90 GPU (wgmma is Hopper's), with the TMA's 16-byte alignment of the rows and bases of x, the words and the
     scales (scale rows of whole 8-group boxes: K a multiple of 8 groups)."""
     m = x.shape[0] if x.dim() == 2 else 0
-    return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.fmt.code == INT4
+    return (x.is_cuda and x.dtype == torch.bfloat16 and MIN_ROWS <= m <= MAX_ROWS and w.int4
             and w.experts is None and w.group in (32, 128) and pick_tile(m, w.n, sm_count(x.device)).bk >= w.group
             and w.k % (SCALE_CHUNK.value * w.group) == 0
             and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.stride(0) >= w.k and x.data_ptr() % 16 == 0
             and w.values.stride(1) == 1 and w.values.stride(0) % 4 == 0 and w.values.data_ptr() % 16 == 0
             and w.scale.dtype == torch.bfloat16 and w.scale.stride(1) == 1 and w.scale.stride(0) % 8 == 0
-            and w.scale.data_ptr() % 16 == 0
+            and w.scale.data_ptr() % 16 == 0 and (not w.tiled or (w.values.is_contiguous() and w.scale.is_contiguous()))
             and capability(x.device) == (9, 0))
 
 
@@ -445,21 +451,26 @@ def pick_tile(m: int, n: int, sms: int) -> Tile:
 
 def _launch(x: Tensor, values: Tensor, scale: Tensor, out: Tensor, ws: Tensor, cnt: Tensor, offsets: Tensor,
             ids: Tensor | None, grid: tuple[int, int, int], k_per_split: int, experts: int, group: int, n: int,
-            bm: int, tile: Tile, stamps: Tensor | None = None) -> None:
+            bm: int, tile: Tile, tiled: bool, stamps: Tensor | None = None) -> None:
+    """The kernel over words `values` and scales `scale` viewed 2-D ([rows, K / 8], [rows, K / group]; stacked
+    experts' rows one after another), in int4-tiled's layout if `tiled`."""
     m, k = x.shape
     bn = 16 * tile.warps
     if max(grid[1], 1) * m * n >= 2**31:
         raise ValueError(f"wgmma_int4: {grid[1]} x [{m}, {n}] outputs overflow the kernel's int32 offsets")
     # PDL (PDL_LAUNCH) only for the one-partition dense tiles (the grouped kernel reads the routing's offsets first).
     pdl = PDL_LAUNCH and experts == 0 and tile.parts == 1 and use_pdl(x.device)
+    w_box, s_box = (bn, tile.bk // 8), (bn, SCALE_CHUNK.value)
     _wgmma_int4_kernel[grid](
-        tma_desc(x, [bm, tile.bk], "bf16"), tma_desc(values, [bn, tile.bk // 8], "int32"),
-        tma_desc(scale, [bn, SCALE_CHUNK.value], "bf16"), out, ws, cnt, offsets, offsets if ids is None else ids,
+        tma_desc(x, [bm, tile.bk], "bf16"), packed_desc(values, list(w_box), "int32", WORDS_PER_BLOCK.value, tiled),
+        packed_desc(scale, list(s_box), "bf16", SCALE_CHUNK.value, tiled), out, ws, cnt, offsets,
+        offsets if ids is None else ids,
         out if stamps is None else stamps, m, n, k,
         k_per_split, grid[1], experts, out.stride(0), GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages,
         SSTAGES=SCALE_STAGES, SPLIT=grid[1] > 1, GROUPED=experts > 0, HALVES=tile.halves, HAS_IDS=ids is not None,
         E_POW2=triton.next_power_of_2(max(experts, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
-        STAMPS=stamps is not None, PDL=pdl, launch_pdl=pdl,
+        STAMPS=stamps is not None, PDL=pdl, TILED=tiled, W_SMEM=smem_layout(w_box, "int32"),
+        S_SMEM=smem_layout(s_box, "bf16"), launch_pdl=pdl,
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs or max_registers(bm, group))
 
 
@@ -505,14 +516,14 @@ def wgmma_int4(x: Tensor, w: PackedWeight, out: Tensor, tickets: Callable[[int],
     ws = torch.empty((split, m, w.n), dtype=torch.float32, device=x.device) if split > 1 else out
     cnt = tickets(n_tiles * m_tiles) if split > 1 else out
     _launch(x, w.values, w.scale, out, ws, cnt, cnt, None, (n_tiles, split, m_tiles), k_per_split, 0, w.group, w.n,
-            bm, tile, stamps)
+            bm, tile, w.tiled, stamps)
     return out
 
 
 def supports_grouped(x: Tensor, w: PackedWeight) -> bool:
     """Whether wgmma_int4_grouped can compute the grouped forward: `supports`' conditions but for the row count
     (any), on stacked int4 experts of group 32 whose words and scales view as 2-D [E * N, ...]."""
-    return (x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2 and w.fmt.code == INT4
+    return (x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2 and w.int4
             and w.experts is not None and w.group == 32 and w.k % (SCALE_CHUNK.value * w.group) == 0
             and x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
             and w.values.is_contiguous() and w.values.data_ptr() % 16 == 0
@@ -529,5 +540,5 @@ def wgmma_int4_grouped(x: Tensor, offsets: Tensor, w: PackedWeight, out: Tensor,
     groups = w.experts if ids is None else ids.numel()
     grid = (triton.cdiv(w.n, 16 * tile.warps), 1, max_row_tiles(t, tile.bm, groups))
     values, scale = w.values.view(w.experts * w.n, -1), w.scale.view(w.experts * w.n, -1)
-    _launch(x, values, scale, out, out, offsets, offsets, ids, grid, k, groups, w.group, w.n, tile.bm, tile)
+    _launch(x, values, scale, out, out, offsets, offsets, ids, grid, k, groups, w.group, w.n, tile.bm, tile, w.tiled)
     return out

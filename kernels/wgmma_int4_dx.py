@@ -25,9 +25,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .configs import capability, max_row_tiles
 from .dequant import _INT4_BF16_ASM
-from .formats import INT4, PackedWeight
-from .wgmma_common import find_tile, store_block, tma_desc, tma_load
-from .wgmma_int4 import PART_REGS, SCALE_CHUNK, TRAIN, Tile
+from .formats import PackedWeight
+from .wgmma_common import find_tile, packed_desc, smem_layout, store_block, tma_desc, tma_load, tma_load_rows
+from .wgmma_int4 import PART_REGS, SCALE_CHUNK, TRAIN, WORDS_PER_BLOCK, Tile
 
 BLOCK_R = gl.constexpr(64)  # N (the reduction) per step
 
@@ -101,8 +101,9 @@ def _over_group(scales, zero, l3s: gl.constexpr, BR: gl.constexpr, C: gl.constex
 
 @gluon.jit
 def _dx_load_partition(dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0, n_steps,
-                       GROUP: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr):
-    """One warp: each step's dy, words (a box per MMA partition: each takes its own columns of K) and scales."""
+                       GROUP: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr, TILED: gl.constexpr):
+    """One warp: each step's dy, words (a box per MMA partition: each takes its own columns of K) and scales (TILED:
+    int4-tiled's, wgmma_common.packed_desc)."""
     PC: gl.constexpr = w_desc.block_type.shape[1]  # word columns per partition
     for i in range(n_steps):
         slot = i % STAGES
@@ -111,11 +112,11 @@ def _dx_load_partition(dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, 
                         + s_desc.block_type.nbytes)
         tma_load(dy_desc, [m_lo, i * BLOCK_R], ready.index(slot), dy_smem.index(slot))
         for p in gl.static_range(PARTS):
-            tma_load(w_desc, [w_row + i * BLOCK_R, k0 // 8 + p * PC], ready.index(slot),
-                      w_smem.index(slot * PARTS + p))
+            tma_load_rows(w_desc, w_row + i * BLOCK_R, k0 // 8 + p * PC, ready.index(slot),
+                          w_smem.index(slot * PARTS + p), WORDS_PER_BLOCK, TILED)
         # (TMA boxes start on 16 bytes: the scales' box starts at the tile's groups rounded down to 8)
-        tma_load(s_desc, [w_row + i * BLOCK_R, k0 // GROUP // SCALE_CHUNK * SCALE_CHUNK], ready.index(slot),
-                  s_smem.index(slot))
+        tma_load_rows(s_desc, w_row + i * BLOCK_R, k0 // GROUP // SCALE_CHUNK * SCALE_CHUNK, ready.index(slot),
+                      s_smem.index(slot), SCALE_CHUNK, TILED)
 
 
 @gluon.jit
@@ -192,7 +193,8 @@ def _dx_mma_store_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, s_up
 def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr, M, N, K, num_experts, stride_om,
                           GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
                           GROUPED: gl.constexpr, HAS_IDS: gl.constexpr, E_POW2: gl.constexpr, PARTS: gl.constexpr,
-                          WORKER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                          WORKER_REGS: gl.constexpr, TILED: gl.constexpr, W_SMEM: gl.constexpr, S_SMEM: gl.constexpr,
+                          num_warps: gl.constexpr):
     pid_k = gl.program_id(0)
     k0 = pid_k * BN
     n_steps = gl.cdiv(N, BLOCK_R)
@@ -209,8 +211,9 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
         w_row = 0
 
     dy_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BLOCK_R], dy_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES * PARTS, BLOCK_R, BN // 8 // PARTS], w_desc.layout)
-    s_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_R, SCALE_CHUNK], s_desc.layout)
+    # (W_SMEM / S_SMEM: the 2-D boxes' layouts, which int4-tiled's 4-D boxes land in: wgmma_common.packed_desc)
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES * PARTS, BLOCK_R, BN // 8 // PARTS], W_SMEM)
+    s_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_R, SCALE_CHUNK], S_SMEM)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -225,14 +228,14 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
             (_dx_mma_store_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, s_upper, out_ptr, k0, m_lo,
                                        m_end, M, K, stride_om, 1, PARTS, PN, BM, STAGES, num_warps)),
             (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
-                                  n_steps, GROUP, STAGES, PARTS)),
+                                  n_steps, GROUP, STAGES, PARTS, TILED)),
         ], [num_warps, 1], [WORKER_REGS, 24])
     else:
         results = gl.warp_specialize([
             (_dx_mma_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, s_upper, 0, 1, BN, BM,
                                  STAGES, num_warps)),
             (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
-                                  n_steps, GROUP, STAGES, 1)),
+                                  n_steps, GROUP, STAGES, 1, TILED)),
         ], [1], [24])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -247,7 +250,7 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
 def supports_dx(dy: Tensor, w: PackedWeight) -> bool:
     """Whether wgmma_int4_dx runs dy @ W: int4 of group 32, words and scales contiguous (stacked experts view 2-D),
     bf16 dy with TMA's 16-byte rows and base, K in whole 8-group scale boxes, on an sm_90 GPU."""
-    return (dy.is_cuda and dy.dtype == torch.bfloat16 and dy.dim() == 2 and w.fmt.code == INT4 and w.group == 32
+    return (dy.is_cuda and dy.dtype == torch.bfloat16 and dy.dim() == 2 and w.int4 and w.group == 32
             and w.k % (SCALE_CHUNK.value * w.group) == 0 and dy.stride(1) == 1 and dy.stride(0) % 8 == 0
             and dy.data_ptr() % 16 == 0 and w.values.is_contiguous() and w.values.data_ptr() % 16 == 0
             and w.scale.dtype == torch.bfloat16 and w.scale.is_contiguous() and w.scale.data_ptr() % 16 == 0
@@ -266,12 +269,14 @@ def wgmma_int4_dx(dy: Tensor, w: PackedWeight, out: Tensor, offsets: Tensor | No
         raise ValueError(f"wgmma_int4_dx: [{t}, {w.k}] outputs overflow the kernel's int32 offsets")
     row_tiles = triton.cdiv(t, tile.bm) if offsets is None else max_row_tiles(t, tile.bm, groups)
     values, scale = w.values.view(experts * w.n, -1), w.scale.view(experts * w.n, -1)
+    w_box, s_box = (BLOCK_R.value, bn // 8 // tile.parts), (BLOCK_R.value, SCALE_CHUNK.value)
     _wgmma_int4_dx_kernel[(triton.cdiv(w.k, bn), 1, row_tiles)](
         tma_desc(dy, [tile.bm, BLOCK_R.value], "bf16"),
-        tma_desc(values, [BLOCK_R.value, bn // 8 // tile.parts], "int32"),
-        tma_desc(scale, [BLOCK_R.value, SCALE_CHUNK.value], "bf16"), out, out if offsets is None else offsets,
+        packed_desc(values, list(w_box), "int32", WORDS_PER_BLOCK.value, w.tiled),
+        packed_desc(scale, list(s_box), "bf16", SCALE_CHUNK.value, w.tiled), out, out if offsets is None else offsets,
         out if ids is None else ids, t, w.n, w.k, groups, out.stride(0), GROUP=w.group, BN=bn, BM=tile.bm,
         STAGES=tile.stages, GROUPED=offsets is not None, HAS_IDS=ids is not None,
-        E_POW2=triton.next_power_of_2(max(groups, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS,
+        E_POW2=triton.next_power_of_2(max(groups, 1)), PARTS=tile.parts, WORKER_REGS=PART_REGS, TILED=w.tiled,
+        W_SMEM=smem_layout(w_box, "int32"), S_SMEM=smem_layout(s_box, "bf16"),
         num_warps=tile.warps // tile.parts, maxnreg=tile.regs)
     return out

@@ -52,13 +52,13 @@ def expert_offsets(counts: list[int], dtype=torch.int32, device="cpu") -> torch.
     return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=dtype, device=device)
 
 
-def uneven_int4_experts(counts: list[int], n: int, k: int, features: int, seed: int):
-    """For the grouped GPU tests: stacked random int4 experts [E = len(counts), n, k] (packed, and resolved for the
-    kernels), bf16 rows [sum(counts), features] sorted by expert (expert e holding counts[e]) and their int32 offsets,
-    all on CUDA."""
+def uneven_int4_experts(counts: list[int], n: int, k: int, features: int, seed: int, fmt: str = "int4"):
+    """For the grouped GPU tests: stacked random experts [E = len(counts), n, k] in int4 format `fmt` (packed, and
+    resolved for the kernels), bf16 rows [sum(counts), features] sorted by expert (expert e holding counts[e]) and
+    their int32 offsets, all on CUDA."""
     from orbit_lightning.kernels.formats import resolve
 
-    packed, _ = random_weight("int4", (len(counts), n, k), seed=seed, device="cuda")
+    packed, _ = random_weight(fmt, (len(counts), n, k), seed=seed, device="cuda")
     gen = torch.Generator("cuda").manual_seed(seed)
     rows = torch.randn(sum(counts), features, generator=gen, device="cuda").bfloat16()
-    return packed, resolve("int4", packed, stacked=True), rows, expert_offsets(counts, device="cuda")
+    return packed, resolve(fmt, packed, stacked=True), rows, expert_offsets(counts, device="cuda")

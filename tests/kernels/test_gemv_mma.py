@@ -43,8 +43,8 @@ def test_warps_split_k_evenly_and_fill_the_sms():
 def test_the_mma_kernel_serves_only_what_it_reads():
     cfg = configs._GEMV_MMA_ONE_TILE
     for fmt, shape, ok in [("int4", (64, 256), True), ("int4-g128", (64, 384), True), ("int4", (64, 160), False),
-                           ("int4", (40, 256), False), ("fp8", (64, 256), False), ("int4-tiled", (64, 384), True),
-                           ("int4-g64-tiled", (32, 256), True)]:  # fmt: skip
+                           ("int4", (40, 256), False), ("fp8", (64, 256), False), ("int4-tiled", (64, 512), True),
+                           ("int4-g64-tiled", (32, 512), True)]:  # fmt: skip
         packed, _ = random_weight(fmt, shape, seed=0)
         assert configs.mma_ok(resolve(fmt, packed, stacked=False), cfg) == ok, (fmt, shape)
     packed, _ = random_weight("int4", (64, 384), seed=0)  # 3 K tiles: not whole steps of 2

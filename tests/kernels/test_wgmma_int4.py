@@ -34,6 +34,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 from orbit_lightning.kernels import wgmma_int4 as wg
+from orbit_lightning.kernels.wgmma_common import packed_desc, smem_layout
 from tests.kernels.sm90_compile import ptxas_usage
 
 names = list(inspect.signature(wg._wgmma_int4_kernel.fn).parameters)
@@ -54,23 +55,25 @@ variants += [("bm16-g32-split1-stamps", wg.DECODE, 16, 32, True, False)]  # (ben
 variants += [(f"bm{bm}-g{group}-split{int(split)}-pdl", wg.DECODE, bm, group, split, False)
              for bm in (16, 64) for group in (32, 128) for split in (False, True)]
 variants += [("rows-rows-g32-pdl", wg.ROWS, wg.ROWS.bm, 32, True, False)]
+# int4-tiled weights (4-D descriptors whose boxes land as the 2-D ones): decode, PDL, training and grouped tiles
+variants += [(name + "-tiled", tile, bm, group, split, grouped) for name, tile, bm, group, split, grouped in variants
+             if name in ("bm16-g32-split1", "bm64-g128-split0-pdl", "train-g32", "grouped-g32")]
 for name, tile, bm, group, split, grouped in variants:
     bn = 16 * tile.warps
+    tiled = name.endswith("-tiled")
     x = torch.empty(bm, 4096, dtype=torch.bfloat16)
     words = torch.empty(4096, 512, dtype=torch.int32)
     scales = torch.empty(4096, 4096 // group, dtype=torch.bfloat16)
+    w_box, s_box = [bn, tile.bk // 8], [bn, wg.SCALE_CHUNK.value]
     descs = {"x_desc": TensorDescriptor(x, list(x.shape), list(x.stride()), [bm, tile.bk],
                                         gl.NVMMASharedLayout.get_default_for([bm, tile.bk], gl.bfloat16)),
-             "w_desc": TensorDescriptor(words, list(words.shape), list(words.stride()), [bn, tile.bk // 8],
-                                        gl.NVMMASharedLayout.get_default_for([bn, tile.bk // 8], gl.int32)),
-             "s_desc": TensorDescriptor(scales, list(scales.shape), list(scales.stride()),
-                                        [bn, wg.SCALE_CHUNK.value],
-                                        gl.NVMMASharedLayout.get_default_for(
-                                            [bn, wg.SCALE_CHUNK.value], gl.bfloat16))}
+             "w_desc": packed_desc(words, w_box, "int32", 16, tiled),
+             "s_desc": packed_desc(scales, s_box, "bf16", 8, tiled)}
     const = dict(GROUP=group, BN=bn, BM=bm, BK=tile.bk, STAGES=tile.stages, SSTAGES=wg.SCALE_STAGES,
                  SPLIT=split, GROUPED=grouped, HALVES=tile.halves, HAS_IDS=grouped, E_POW2=128 if grouped else 1,
                  PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, STAMPS=name.endswith("-stamps"),
-                 PDL=name.endswith("-pdl"),
+                 PDL=name.endswith("-pdl") or name.endswith("-pdl-tiled"), TILED=tiled,
+                 W_SMEM=smem_layout(tuple(w_box), "int32"), S_SMEM=smem_layout(tuple(s_box), "bf16"),
                  num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "offsets_ptr": "*i32", "ids_ptr": "*i32",
                 "stamps_ptr": "*i64"}
@@ -89,6 +92,7 @@ for name, tile, bm, group, split, grouped in variants:
     report[name] = {"bk": tile.bk, "group": group, "halves": tile.halves, "parts": tile.parts,
         "registers": usage["registers"], "spills": usage["spills"],
         "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
+        "tma4d": ptx.count("cp.async.bulk.tensor.4d"),
         "timers": ptx.count("%globaltimer") + ptx.count("%clock64"),
         "gdc_wait": ptx.count("griddepcontrol.wait"), "gdc_launch": ptx.count("griddepcontrol.launch_dependents"),
         "stages": tile.stages}
@@ -111,7 +115,8 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     assert set(report) == decode | {"rows-rows-g32", "rows-wide-g32", "train-g32", "grouped-g32",
                                     "grouped-g32-other-halves", "train-g32-other-parts", "grouped-g32-other-parts",
                                     "bm16-g32-split1-stamps", "rows-rows-g32-pdl"} | {
-        f"bm{bm}-g{g}-split{s}-pdl" for bm in (16, 64) for g in (32, 128) for s in (0, 1)}
+        f"bm{bm}-g{g}-split{s}-pdl" for bm in (16, 64) for g in (32, 128) for s in (0, 1)} | {
+        "bm16-g32-split1-tiled", "bm64-g128-split0-pdl-tiled", "train-g32-tiled", "grouped-g32-tiled"}
     for name, r in report.items():
         assert not r["spills"], (name, r)  # (under the cap max_registers gives: ptxas holds to it, spilling if need be)
         # BK // 16 k16 wgmmas per step, for each step of a scale chunk (8 groups: at BK = 128, 2 steps at group 32, 8
@@ -121,18 +126,22 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
         # (halves: one per half of the activation rows; parts: each MMA partition has its own code)
         wgmmas = r["bk"] // 16 * steps * (2 if r["halves"] else 1) * r["parts"]
         x_boxes = r["bk"] // 64
-        if name.endswith("-pdl"):
+        if name.endswith("-pdl") or name.endswith("-pdl-tiled"):
             # The prologue's scale chunk and STAGES steps' words, before the wait; in the loop, the later chunks'
             # scales, and per step x and its words, or for the first STAGES steps x alone in a branch of its own.
             tma = 1 + r["stages"] + 1 + (x_boxes + 1) * steps + min(steps, r["stages"]) * x_boxes
+            packed = 1 + r["stages"] + 1 + steps  # (the scales' and words' loads)
             # The loader waits and triggers, on each of the two paths LLVM makes of its prologue (a program with
             # steps or none), and the MMA warps wait before they store out, the partials and the tickets (which no
             # loader wait orders in a program with no steps): 3 waits, 2 triggers (triton 3.6 and 3.9).
             assert (r["gdc_wait"], r["gdc_launch"]) == (3, 2), (name, r)
         else:
             tma = 1 + (1 + x_boxes) * steps
+            packed = 1 + steps
             assert (r["gdc_wait"], r["gdc_launch"]) == (0, 0), (name, r)
         assert r["wgmma"] == wgmmas and r["tma"] == tma, (name, r)
+        # int4-tiled's words and scales come in 4-D boxes (wgmma_common.packed_desc), the row-major ones in 2-D
+        assert r["tma4d"] == (packed if name.endswith("-tiled") else 0), (name, r)
         # Timeline stamps only when built with them: entry (global timer and cycles), the loader's first issue,
         # first data, loop end, exit (cycles and global timer).
         assert r["timers"] == (7 if name.endswith("-stamps") else 0), (name, r)
@@ -192,7 +201,10 @@ def _spy(monkeypatch) -> list:
 CASES = [("int4", 200, 1280, 17), ("int4-g128", 6144, 4096, 9), ("int4", 4096, 4096, 16), ("int4", 4096, 2816, 16),
          ("int4", 17408, 4096, 32), ("int4", 8192, 1024, 64), ("int4", 192, 12288, 33), ("int4-g128", 320, 2048, 48),
          ("int4-g128", 4096, 4096, 64), ("int4-g128", 1024, 4096, 17), ("int4-g128", 16896, 5120, 16),
-         ("int4-g128", 16896, 5120, 64)]
+         ("int4-g128", 16896, 5120, 64),
+         # int4-tiled (past 16 rows: below, the mma GEMV takes it): N off the tile, the rings wrapping, group 128
+         ("int4-tiled", 208, 1280, 17), ("int4-tiled", 17408, 4096, 32), ("int4-tiled", 192, 12288, 33),
+         ("int4-g128-tiled", 4096, 4096, 64)]
 
 
 @gpu
@@ -218,7 +230,7 @@ def test_against_fp64_where_dense_gemm_sends_it(fmt, n, k, m, monkeypatch):
 
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
-@pytest.mark.parametrize("fmt", ["int4", "int4-g128"])
+@pytest.mark.parametrize("fmt", ["int4", "int4-g128", "int4-tiled", "int4-g128-tiled"])
 def test_one_hot_rows_read_back_the_decoded_weights_bit_exactly(fmt, monkeypatch):
     """Row m of x is one-hot at k_m, so out[m, :] must be W[:, k_m] as decoded to bf16, bit for bit: one exact product,
     zeros elsewhere. The 64 positions (67 apart) cover every lane of a quad (k mod 8), both words of a k16 slice, every
@@ -363,7 +375,8 @@ def test_training_tile_covers_many_row_tiles(variant):
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
 @pytest.mark.parametrize("variant", TRAIN_VARIANTS)
-def test_grouped_training_tile_meets_each_experts_reference(variant):
+@pytest.mark.parametrize("fmt", ["int4", "int4-tiled"])
+def test_grouped_training_tile_meets_each_experts_reference(variant, fmt):
     """wgmma_int4_grouped on 8 experts whose row counts are uneven: empty experts (first, middle, last), one row, a
     count just past a 256-row tile and several tiles: each expert's rows meet the bound against x_e @ W_e^T of its
     decoded bf16 weights, through device offsets alone, and every row is written."""
@@ -371,12 +384,12 @@ def test_grouped_training_tile_meets_each_experts_reference(variant):
 
     counts = [0, 1, 257, 0, 40, 600, 3, 0]
     n, k = 384, 1024
-    packed, w, x, offsets = uneven_int4_experts(counts, n, k, k, seed=22)
+    packed, w, x, offsets = uneven_int4_experts(counts, n, k, k, seed=22, fmt=fmt)
     t = sum(counts)
     assert wg.supports_grouped(x, w)
     out = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     wg.wgmma_int4_grouped(x, offsets, w, out, _train_tile(variant))
-    wb = kernels.dequantize("int4", packed).double()  # [E, N, K]
+    wb = kernels.dequantize(fmt, packed).double()  # [E, N, K]
     for i, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
         ref_b = x[lo:hi].double() @ wb[i].T
         assert_within(out[lo:hi], ref_b, _bf16_weight_bound(x[lo:hi], wb[i], ref_b))
@@ -414,7 +427,8 @@ def test_row_counts_past_the_decode_tile_take_the_widest_tile_that_fills_the_gpu
 # twice; the most rows (WIDE, four row tiles).
 MID_CASES = [("int4", 320, 1280, 65), ("int4", 4096, 4096, 200), ("int4", 2048, 4096, 256), ("int4", 200, 2048, 257),
              ("int4-g128", 4096, 1024, 100), ("int4", 24576, 1024, 100), ("int4", 24576, 2048, 300),
-             ("int4", 9216, 4096, 500), ("int4", 4096, 2048, 512)]
+             ("int4", 9216, 4096, 500), ("int4", 4096, 2048, 512),
+             ("int4-tiled", 4096, 4096, 200), ("int4-tiled", 24576, 2048, 300), ("int4-tiled", 9216, 4096, 500)]
 
 
 @gpu

@@ -22,6 +22,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import mangle_type
 from orbit_lightning.kernels import wgmma_int4 as wg, wgmma_int4_dx as dx
+from orbit_lightning.kernels.wgmma_common import packed_desc, smem_layout
 
 from tests.kernels.sm90_compile import ptxas_usage
 
@@ -29,7 +30,8 @@ names = list(inspect.signature(dx._wgmma_int4_dx_kernel.fn).parameters)
 br = dx.BLOCK_R.value
 report = {}
 other_parts = dataclasses.replace(wg.TRAIN, parts=3 - wg.TRAIN.parts)  # (one partition of MMA warps, or two)
-for tile, grouped in [(wg.TRAIN, False), (wg.TRAIN, True), (other_parts, False), (other_parts, True)]:
+for tile, grouped, tiled in [(wg.TRAIN, False, False), (wg.TRAIN, True, False), (other_parts, False, False),
+                             (other_parts, True, False), (wg.TRAIN, True, True), (other_parts, False, True)]:
     bn = 16 * tile.warps
     dy = torch.empty(4096, 4096, dtype=torch.bfloat16)
     words = torch.empty(4096, 512, dtype=torch.int32)
@@ -37,11 +39,13 @@ for tile, grouped in [(wg.TRAIN, False), (wg.TRAIN, True), (other_parts, False),
     def desc(t, block, dtype):
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, dtype))
+    w_box, s_box = [br, bn // 8 // tile.parts], [br, wg.SCALE_CHUNK.value]
     descs = {"dy_desc": desc(dy, [tile.bm, br], gl.bfloat16),
-             "w_desc": desc(words, [br, bn // 8 // tile.parts], gl.int32),
-             "s_desc": desc(scales, [br, wg.SCALE_CHUNK.value], gl.bfloat16)}
+             "w_desc": packed_desc(words, w_box, "int32", 16, tiled),
+             "s_desc": packed_desc(scales, s_box, "bf16", 8, tiled)}
     const = dict(GROUP=32, BN=bn, BM=tile.bm, STAGES=tile.stages, GROUPED=grouped, HAS_IDS=grouped, E_POW2=128,
-                 PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, num_warps=tile.warps // tile.parts)
+                 PARTS=tile.parts, WORKER_REGS=wg.PART_REGS, TILED=tiled, W_SMEM=smem_layout(tuple(w_box), "int32"),
+                 S_SMEM=smem_layout(tuple(s_box), "bf16"), num_warps=tile.warps // tile.parts)
     pointers = {"out_ptr": "*bf16", "offsets_ptr": "*i32", "ids_ptr": "*i32"}
     sig = {n: "constexpr" if n in const else mangle_type(descs[n]) if n in descs else pointers.get(n, "i32")
            for n in names}
@@ -52,8 +56,10 @@ for tile, grouped in [(wg.TRAIN, False), (wg.TRAIN, True), (other_parts, False),
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=tile.warps // tile.parts, maxnreg=tile.regs))
     ptx = compiled.asm["ptx"]
-    report[f"parts{tile.parts}-grouped{int(grouped)}"] = {"parts": tile.parts, "spills": ptxas_usage(ptx)["spills"],
-        "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"), "prmt": ptx.count("prmt")}
+    report[f"parts{tile.parts}-grouped{int(grouped)}" + ("-tiled" if tiled else "")] = {
+        "parts": tile.parts, "spills": ptxas_usage(ptx)["spills"], "wgmma": ptx.count("wgmma.mma_async"),
+        "tma": ptx.count("cp.async.bulk.tensor"), "tma4d": ptx.count("cp.async.bulk.tensor.4d"),
+        "prmt": ptx.count("prmt")}
 print(json.dumps(report))
 """
 
@@ -65,10 +71,13 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
     TMA load of its words (and dy and the scales for all), and one prmt per pair of W's rows and lane (the step's 32
     values per thread come from 8 of them)."""
     report = compile_report(_SCRIPT)
-    assert set(report) == {f"parts{p}-grouped{g}" for p in (1, 2) for g in (0, 1)}
+    assert set(report) == {f"parts{p}-grouped{g}" for p in (1, 2) for g in (0, 1)} | {"parts2-grouped1-tiled",
+                                                                                     "parts1-grouped0-tiled"}
     for name, r in report.items():
         p = r["parts"]
         assert not r["spills"] and r["wgmma"] == 8 * p and r["tma"] == 2 + p and r["prmt"] == 8 * p, (name, r)
+        # int4-tiled's words and scales in 4-D boxes (wgmma_common.packed_desc)
+        assert r["tma4d"] == ((1 + p) if name.endswith("-tiled") else 0), (name, r)
 
 
 def test_pair_decode_text_matches_the_int4_format():
@@ -127,7 +136,8 @@ def _tile(parts: int):
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
 @pytest.mark.parametrize("parts", [1, 2])
-def test_dense_dx_meets_the_bf16_weight_oracle(parts):
+@pytest.mark.parametrize("fmt", ["int4", "int4-tiled"])
+def test_dense_dx_meets_the_bf16_weight_oracle(parts, fmt):
     """T = 600 (three row tiles, the last short: its second half skipped), N = 320 (the last step of 64 reads past N:
     zeros from dy), K = 1280 (ten 128-column tiles, the odd ones on the upper half of their scale box): every output
     within the bound, nothing past T or K written."""
@@ -135,13 +145,13 @@ def test_dense_dx_meets_the_bf16_weight_oracle(parts):
     from orbit_lightning.kernels.formats import resolve
 
     t, n, k = 600, 320, 1280
-    packed, _ = random_weight("int4", (n, k), seed=31, device="cuda")
-    w = resolve("int4", packed, stacked=False)
+    packed, _ = random_weight(fmt, (n, k), seed=31, device="cuda")
+    w = resolve(fmt, packed, stacked=False)
     dy = torch.randn(t, n, generator=torch.Generator("cuda").manual_seed(31), device="cuda").bfloat16()
     assert wdx.supports_dx(dy, w)
     out = torch.full((t + 8, k + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
     wdx.wgmma_int4_dx(dy, w, out[:t, :k], tile=_tile(parts))
-    wb = kernels.dequantize("int4", packed).double()
+    wb = kernels.dequantize(fmt, packed).double()
     ref = dy.double() @ wb
     assert_within(out[:t, :k], ref, _bound(dy, wb, ref))
     assert out[t:].isnan().all() and out[:, k:].isnan().all()
@@ -150,7 +160,8 @@ def test_dense_dx_meets_the_bf16_weight_oracle(parts):
 @gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
 @pytest.mark.parametrize("parts", [1, 2])
-def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly(parts):
+@pytest.mark.parametrize("fmt", ["int4", "int4-tiled"])
+def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly(parts, fmt):
     """8 experts with empty ones, one row and several tiles: dy_e @ W_e within the bound per expert; a chunk of experts
     by id gives the same rows bit for bit; and one-hot rows of dy read W_e[n, :] back exactly (every word column,
     nibble and scale group of the tile's row order)."""
@@ -158,11 +169,11 @@ def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly(parts):
 
     counts = [0, 1, 300, 0, 40, 520, 3, 0]
     n, k = 384, 1024
-    packed, w, dy, offsets = uneven_int4_experts(counts, n, k, n, seed=32)
+    packed, w, dy, offsets = uneven_int4_experts(counts, n, k, n, seed=32, fmt=fmt)
     t = sum(counts)
     out = torch.full((t, k), float("nan"), device="cuda", dtype=torch.bfloat16)
     wdx.wgmma_int4_dx(dy, w, out, offsets, tile=_tile(parts))
-    wb = kernels.dequantize("int4", packed).double()
+    wb = kernels.dequantize(fmt, packed).double()
     bounds = [(lo, hi) for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     for i, (lo, hi) in enumerate(bounds):
         ref = dy[lo:hi].double() @ wb[i]
@@ -179,4 +190,4 @@ def test_grouped_dx_meets_each_experts_oracle_and_reads_weights_exactly(parts):
     onehot = torch.zeros(t, n, device="cuda", dtype=torch.bfloat16)
     onehot[torch.arange(lo, hi, device="cuda"), picks] = 1.0
     wdx.wgmma_int4_dx(onehot, w, out, offsets, tile=_tile(parts))
-    assert torch.equal(out[lo:hi], kernels.dequantize("int4", packed)[5][picks])
+    assert torch.equal(out[lo:hi], kernels.dequantize(fmt, packed)[5][picks])
