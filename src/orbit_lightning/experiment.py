@@ -15,7 +15,9 @@ from .rl.config import OptimConfig, RolloutConfig
 @dataclass
 class ModelSpec:
     path: str = "orbit-tiny-moe"  # a HF checkpoint dir, a preset name, or the shipped "orbit-tiny-moe"
-    quant: str | None = "int4"  # int4 | int4-g64 | int4-g128 | fp8 | mxfp4 | nvfp4 | nf4 | null (no packing)
+    # int4 | int4-g64 | int4-g128 | fp8 | mxfp4 | nvfp4 | nf4 | null (no packing); int4*-tiled: the decode kernels'
+    # block layout of the same int4 values (quant/formats/tiled.py; CUDA decode is faster, bench/RESULTS.md)
+    quant: str | None = "int4"
     dtype: str = "float32"  # compute dtype of activations, dequantized tiles and the adapter
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     expert_chunk: int = 0  # active experts dequantized per grouped call (large batches); 0: what expert_chunk_mib holds

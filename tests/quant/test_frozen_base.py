@@ -34,12 +34,15 @@ def test_quantized_model_matches_transformers_on_dequantized_weights(name, fmt, 
 
 
 def test_packed_export_roundtrips_through_a_prequantized_checkpoint(tmp_path):
-    """dequantize=False exports compressed-tensors tensors; a checkpoint made of them loads as is (no requant)."""
+    """dequantize=False exports compressed-tensors tensors; a checkpoint made of them loads as is (no requant), and
+    into int4-tiled's layout."""
     import json
 
     from safetensors.torch import save_file
 
-    src = save_hf_model(make_hf_model("qwen3_moe-top2"), tmp_path / "src")
+    # (every packed weight 256 wide: whole int4-tiled blocks, for the last part)
+    src = save_hf_model(make_hf_model("qwen3_moe-top2", hidden_size=256, intermediate_size=256, head_dim=64,
+                                      moe_intermediate_size=256), tmp_path / "src")
     ours = load_model(src, quant="int4", dtype=torch.float32)
     packed = export_hf_state_dict(ours, dequantize=False)
     assert "model.layers.0.self_attn.q_proj.weight_packed" in packed
@@ -59,6 +62,15 @@ def test_packed_export_roundtrips_through_a_prequantized_checkpoint(tmp_path):
         assert torch.equal(a, b), k
     with pytest.raises(ValueError, match="already quantized"):
         load_model(out, quant="fp8")
+    # The same checkpoint into the tiled layout of its int4 (the same values, reordered as they load; its shapes
+    # make whole blocks), and out again as compressed-tensors' row-major tensors.
+    tiled = load_model(out, quant="int4-tiled", dtype=torch.float32)
+    assert {m.fmt.name for m in tiled.modules() if hasattr(m, "fmt")} == {"int4-tiled"}
+    for (k, a), b in zip(packed.items(), export_hf_state_dict(tiled, dequantize=False).values()):
+        assert torch.equal(a, b), k
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(tiled(ids), again(ids))
 
 
 def test_only_adapter_receives_gradients():

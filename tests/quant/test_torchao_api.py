@@ -47,6 +47,21 @@ def test_default_filter_packs_every_linear_including_lm_head():
     assert torch.equal(_logits(model), _logits(ref))
 
 
+def test_tiled_int4_stores_what_it_can_tile_and_computes_as_int4():
+    """Int4GroupConfig(tiled=True): a layer whose shape makes whole blocks is int4-tiled, one that does not stays
+    row-major int4, and the model's outputs are int4's bits (the same values, laid out apart)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 40))  # (the second: K = 64, N = 40)
+    ref = copy.deepcopy(model)
+    quantize_(model, Int4GroupConfig(tiled=True))
+    quantize_(ref, Int4GroupConfig())
+    assert [model[0].fmt.name, model[2].fmt.name] == ["int4-tiled", "int4"]
+    assert not torch.equal(model[0].weight_packed, ref[0].weight_packed)
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
+
+
 def test_default_filter_leaves_routed_experts_alone():
     model = load_model("tiny-qwen3-moe", dtype=torch.float32)
     quantize_(model, Int4GroupConfig())

@@ -18,7 +18,8 @@ def export_hf_state_dict(model: nn.Module, dequantize: bool = True,
                          dtype: torch.dtype | None = None) -> dict[str, Tensor]:
     """`dequantize=True`: dense weights in `dtype` (default: the model's compute dtype).
     `dequantize=False`: packed tensors in the checkpoint's format (compressed-tensors int4 `weight_packed` /
-    `weight_scale` / `weight_shape`, fp8 `weight` / `weight_scale_inv`, ...)."""
+    `weight_scale` / `weight_shape`, fp8 `weight` / `weight_scale_inv`, ...; int4-tiled's in compressed-tensors'
+    row-major layout)."""
     from ..quant.experts import QuantExperts
     from ..quant.linear import QuantLinear
 
@@ -30,7 +31,7 @@ def export_hf_state_dict(model: nn.Module, dequantize: bool = True,
             if dequantize:
                 out[f"{hp}.weight"] = module.dequantize(dtype)
             else:
-                out.update({f"{hp}.{k}": v.clone() for k, v in module.packed().items()})
+                out.update({f"{hp}.{k}": module.fmt.from_storage(k, v).clone() for k, v in module.packed().items()})
             if module.bias is not None:
                 out[f"{hp}.bias"] = module.bias.to(dtype or module.bias.dtype)
         elif isinstance(module, QuantExperts):
@@ -41,7 +42,8 @@ def export_hf_state_dict(model: nn.Module, dequantize: bool = True,
                     if dequantize:
                         out[f"{hp}.{e}.{proj}.weight"] = module.dequantize(proj, idx, dtype)[0]
                     else:
-                        out.update({f"{hp}.{e}.{proj}.{k}": v[e].clone() for k, v in module.packed(proj).items()})
+                        out.update({f"{hp}.{e}.{proj}.{k}": module.fmt.from_storage(k, v[e]).clone()
+                                    for k, v in module.packed(proj).items()})
         elif type(module) is Experts:
             for proj in module.PROJECTIONS:
                 w = getattr(module, proj)

@@ -57,12 +57,14 @@ class PackedConfig(AOBaseConfig):
 
 @dataclass(frozen=True)
 class Int4GroupConfig(PackedConfig):
-    """Symmetric int4, one bf16 scale per `group_size` along K (compressed-tensors pack-quantized)."""
+    """Symmetric int4, one bf16 scale per `group_size` along K (compressed-tensors pack-quantized); `tiled`: stored in
+    the decode kernels' block layout (int4-tiled, quant/formats/tiled.py) where a layer's shape allows."""
 
     group_size: int = 32
+    tiled: bool = False
 
     def quant_format(self) -> QuantFormat:
-        return Int4Format(group_size=self.group_size)
+        return Int4Format(group_size=self.group_size, tiled=self.tiled)
 
 
 @dataclass(frozen=True)

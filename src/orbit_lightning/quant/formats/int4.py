@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .registry import PackedShapes, QuantFormat, float_compute_dtype, register_format
 from .synthetic import TARGET_STD, random_bytes, scale_jitter
-from .tiled import tile_packed, tile_tensor, tiled_blocker, untile_packed
+from .tiled import tile_packed, tile_tensor, tiled_blocker, untile_packed, untile_tensor
 
 INT4_GROUP_SIZES = (32, 64, 128)
 _SCALE_DIVISOR = 7.5  # compressed-tensors: (q_max - q_min) / 2 = (7 - (-8)) / 2
@@ -114,6 +114,12 @@ class Int4Format(QuantFormat):
 
     def to_storage(self, key: str, tensor: Tensor) -> Tensor:
         return tile_tensor(key, tensor) if self.tiled else tensor
+
+    def from_storage(self, key: str, tensor: Tensor) -> Tensor:
+        return untile_tensor(key, tensor) if self.tiled else tensor
+
+    def same_values(self, other: QuantFormat) -> bool:
+        return isinstance(other, Int4Format) and other.group_size == self.group_size
 
     def packed_shapes(self, shape: tuple[int, ...]) -> PackedShapes:
         self.validate(shape)

@@ -64,9 +64,17 @@ class QuantFormat(ABC):
         tiled layout), the same values in the format's plain layout."""
         return self
 
+    def same_values(self, other: QuantFormat) -> bool:
+        """Whether `other` packs the same values as this format, perhaps laid out apart (int4 and int4-tiled)."""
+        return self == other
+
     def to_storage(self, key: str, tensor: Tensor) -> Tensor:
         """Packed tensor `key` as a checkpoint holds it (compressed-tensors' row-major layout) -> as this format
         stores it (the same tensor but for int4's tiled layout)."""
+        return tensor
+
+    def from_storage(self, key: str, tensor: Tensor) -> Tensor:
+        """to_storage's inverse: a stored packed tensor as a checkpoint holds it."""
         return tensor
 
     def nbytes(self, shape: tuple[int, ...]) -> int:
