@@ -193,48 +193,49 @@ def section_interleave(deadline: float) -> None:
 def section_tiled(deadline: float) -> None:
     """The dispatch on int4 weights against the same weights in int4-tiled's layout (quant/formats/tiled.py: a warp's
     step reads one contiguous stretch of 1024 bytes a row tile and K tile, not 64 bytes of each of 16 rows a row
-    apart), at 1 and 16 rows; three alternating rounds, median graph_us, each output checked. Tiled, the mma GEMV also
-    takes the 16-row tall weights the row-major dispatch gives wgmma_int4; where both run the mma GEMV on one config,
-    the outputs must be the same bits (the same products in the same order)."""
-    say("\n== int4 (row-major) against int4-tiled through the dispatch, graph_us us (median of 3 alternating "
-        "rounds) ==")
-    fmt = get_format("int4")
-    speedups: dict[tuple[int, str], list[float]] = {}
-    for model, layers in bk.DENSE.items():
-        for layer, n, k in layers:
-            if time.time() > deadline:
-                break
-            packed, w, wdq, wbf = layer_case(fmt, n, k)
-            tiled = tile_packed(packed)
-            wt = resolve("int4-tiled", tiled, stacked=False)
-            for m in (1, 16):
-                x = torch.randn(m, k, device="cuda").bfloat16()
-                cfg, cfg_t = (configs.pick_gemv(m, x.device, x.dtype, True, v) for v in (w, wt))
-                runs = {"int4": functools.partial(kernels.dequant_linear, x, "int4", packed),
-                        "int4-tiled": functools.partial(kernels.dequant_linear, x, "int4-tiled", tiled)}
-                same = cfg == cfg_t and torch.equal(runs["int4"](), runs["int4-tiled"]())
-                med = alternating_medians(runs, *reference(x, wdq))
-                b16 = graph_us(F.linear, x, wbf)
-                for name, v in med.items():
-                    speedups.setdefault((m, name), []).append(b16 / v)
-                kinds = [f"mma bn{c.block_n}" if c is not None and c.mma else "wgmma" for c in (cfg, cfg_t)]
-                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} {kinds[0]:9}/{kinds[1]:9} | bf16 {b16:6.1f} | " +
-                    " ".join(f"{v:6.2f}" for v in med.values()) + (" | the same bits" if same else ""))
-            del wdq, wbf
-            torch.cuda.empty_cache()
-    for name in ("int4", "int4-tiled"):
-        per_m = {m: gm(v) for (m, nm), v in speedups.items() if nm == name}
-        both = speedups.get((1, name), []) + speedups.get((16, name), [])
-        say(f"geomean x bf16 {name:14}: " + ", ".join(f"M={m} {g:.3f}" for m, g in per_m.items()) +
-            f"; M = 1 and 16 {gm(both):.3f}")
+    apart), at 1 and 16 rows. Tiled, the mma GEMV also takes the 16-row tall weights the row-major dispatch gives
+    wgmma_int4; where both run the mma GEMV on one config, the outputs must be the same bits (the same products in
+    the same order)."""
+
+    def variants(x, packed, w):
+        tiled = tile_packed(packed)
+        cfg, cfg_t = (configs.pick_gemv(x.shape[0], x.device, x.dtype, True, v)
+                      for v in (w, resolve("int4-tiled", tiled, stacked=False)))  # fmt: skip
+        runs = {"int4": functools.partial(kernels.dequant_linear, x, "int4", packed),
+                "int4-tiled": functools.partial(kernels.dequant_linear, x, "int4-tiled", tiled)}
+        same = cfg == cfg_t and torch.equal(runs["int4"](), runs["int4-tiled"]())
+        return runs, f"{_kind(cfg):9}/{_kind(cfg_t):9}", " | the same bits" if same else ""
+
+    _ab_over_shapes(deadline, "int4 (row-major) against int4-tiled through the dispatch", ("int4", "int4-tiled"),
+                    (1, 16), variants)
 
 
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:
     """The dispatch at `rows` rows against itself with its mma configs changed by each of `variants` (GemvConfig
-    fields); three alternating rounds in one process, median graph_us, each output checked. Shapes the mma GEMV does
-    not serve time the dispatch for every variant. Per variant and M, the geomean x bf16 over the 12 shapes."""
-    say("\n== the dispatch with its mma configs changed, graph_us us (median of 3 alternating rounds): " +
-        " / ".join(variants) + " ==")
+    fields). Shapes the mma GEMV does not serve time the dispatch for every variant."""
+
+    def changed(x, packed, w):
+        cfg = configs.pick_gemv(x.shape[0], x.device, x.dtype, True, w)
+        if cfg is None or not cfg.mma:  # (the dispatch, unchanged, in every variant's place)
+            return {name: functools.partial(kernels.int4_linear, x, packed) for name in variants}, _kind(cfg), ""
+        runs = {name: functools.partial(gs.run_gemv, x, w, replace(cfg, **change)) for name, change in variants.items()}
+        bits = {name: fn() for name, fn in runs.items()}
+        same = [name for name in bits if "shipped" in bits and torch.equal(bits[name], bits["shipped"])]
+        return runs, _kind(cfg), f" | shipped's bits: {' '.join(same)}" if same else ""
+
+    _ab_over_shapes(deadline, "the dispatch with its mma configs changed: " + " / ".join(variants), tuple(variants),
+                    rows, changed)
+
+
+def _kind(cfg: GemvConfig | None) -> str:
+    return f"mma bn{cfg.block_n}" if cfg is not None and cfg.mma else "wgmma"
+
+
+def _ab_over_shapes(deadline: float, title: str, names: tuple[str, ...], rows: tuple[int, ...], variants) -> None:
+    """Per dense shape (bench/kernels.py's 12) and M in `rows`: variants(x, packed, w) gives (runs {name: fn}, a label,
+    a note); three alternating rounds of them in one process, median graph_us, each output checked. Per name and M,
+    the geomean x bf16 over the shapes."""
+    say(f"\n== {title}, graph_us us (median of 3 alternating rounds) ==")
     fmt = get_format("int4")
     speedups: dict[tuple[int, str], list[float]] = {}
     for model, layers in bk.DENSE.items():
@@ -244,26 +245,16 @@ def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ..
             packed, w, wdq, wbf = layer_case(fmt, n, k)
             for m in rows:
                 x = torch.randn(m, k, device="cuda").bfloat16()
-                cfg = configs.pick_gemv(m, x.device, x.dtype, True, w)
-                if cfg is not None and cfg.mma:
-                    cfgs = {name: replace(cfg, **change) for name, change in variants.items()}
-                    runs = {name: functools.partial(gs.run_gemv, x, w, c) for name, c in cfgs.items()}
-                    bits = {name: fn() for name, fn in runs.items()}
-                    same = [name for name in bits if "shipped" in bits and torch.equal(bits[name], bits["shipped"])]
-                else:  # (the dispatch, unchanged, in every variant's place)
-                    runs = {name: functools.partial(kernels.int4_linear, x, packed) for name in variants}
-                    same = []
+                runs, label, note = variants(x, packed, w)
                 med = alternating_medians(runs, *reference(x, wdq))
                 b16 = graph_us(F.linear, x, wbf)
                 for name, v in med.items():
                     speedups.setdefault((m, name), []).append(b16 / v)
-                kind = f"mma bn{cfg.block_n}" if cfg is not None and cfg.mma else "wgmma"
-                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} {kind:9} | bf16 {b16:6.1f} | " +
-                    " ".join(f"{v:6.2f}" for v in med.values()) + (f" | shipped's bits: {' '.join(same)}" if same
-                                                                    else ""))
+                say(f"{model}.{layer:12} {n:6} {k:6} M={m:2} {label} | bf16 {b16:6.1f} | " +
+                    " ".join(f"{v:6.2f}" for v in med.values()) + note)
             del wdq, wbf
             torch.cuda.empty_cache()
-    for name in variants:
+    for name in names:
         per_m = {m: gm(v) for (m, nm), v in speedups.items() if nm == name}
         both = speedups.get((1, name), []) + speedups.get((16, name), [])
         say(f"geomean x bf16 {name:14}: " + ", ".join(f"M={m} {g:.3f}" for m, g in per_m.items()) +
