@@ -169,8 +169,8 @@ def _load_x_asm(offsets: tuple[int, ...]) -> str:
 
 _LOAD_X = tl.constexpr(_load_x_asm((0, 16, 32, 48)))  # words 4t..4t+3: 64 contiguous bytes
 _LOAD_X_PAIRS = tl.constexpr(_load_x_asm((0, 16, 128, 144)))  # words 2t, 2t + 1 and 2t + 8, 2t + 9
-# Bytes of a row's K tile, which advance a lane's row-major addresses a K tile: its words, its activations, and its
-# scales (by group size).
+# Bytes of a row's K tile, which advance a lane's row-major addresses a K tile: its words and its activations (its
+# scales: _s_groups).
 _W_BYTES = tl.constexpr(TILE_K // 2)
 _X_BYTES = tl.constexpr(TILE_K * 2)
 # int4-tiled's layout (quant/formats/tiled.py): words in blocks of TILE_ROWS rows x one K tile (a row's 64 bytes after
@@ -188,8 +188,8 @@ def _w_ktile(TILED: tl.constexpr):
 
 @triton.jit
 def _s_groups(g, TILED: tl.constexpr):
-    """Bytes from a row's scale of group 0 to its group g (whole blocks apart where tiled: g a multiple of 8, or
-    groups of one block row)."""
+    """Bytes from a row's scale of group 0 to its group g: 2 g row-major; tiled, g // 8 blocks on and g % 8 scales
+    into the row's 16 bytes of that block."""
     if TILED:
         off = (g // _SCALE_GROUPS) * _S_BLOCK + (g % _SCALE_GROUPS) * 2
     else:
