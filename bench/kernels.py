@@ -209,18 +209,18 @@ def read_programs(packed: dict) -> int:
             + triton.cdiv(packed["weight_scale"].numel() // 2, READ_BLOCK))
 
 
-# The dense section's int4 weights: "int4" (row-major, compressed-tensors' layout) or "int4-tiled" (the decode
-# kernels' block layout, quant/formats/tiled.py; --int4-layout tiled).
-DENSE_FORMAT = "int4"
+# The dense and MoE sections' int4 weights: "int4" (row-major, compressed-tensors' layout) or "int4-tiled" (the
+# decode kernels' block layout, quant/formats/tiled.py; --int4-layout tiled).
+INT4_FORMAT = "int4"
 
 
 def dq_linear(x: torch.Tensor, packed: dict) -> torch.Tensor:
     """Transient one-pass dequantization to bf16, then cuBLAS (the alternative to the fused kernel)."""
-    return F.linear(x, kernels.dequantize(DENSE_FORMAT, packed, x.dtype))
+    return F.linear(x, kernels.dequantize(INT4_FORMAT, packed, x.dtype))
 
 
 def dq_linear_dx(dy: torch.Tensor, packed: dict) -> torch.Tensor:
-    return dy @ kernels.dequantize(DENSE_FORMAT, packed, dy.dtype)
+    return dy @ kernels.dequantize(INT4_FORMAT, packed, dy.dtype)
 
 
 def wgmma_dx(dy: torch.Tensor, w) -> torch.Tensor:
@@ -243,14 +243,14 @@ def packed_bytes(packed: dict) -> int:
 
 
 def bench_dense(rep: Report) -> None:
-    rep.say(f"\n== dense {DENSE_FORMAT} (g32) vs bf16 F.linear (fwd) and dy @ W (dX); us; ratio = bf16 / int4 ==")
+    rep.say(f"\n== dense {INT4_FORMAT} (g32) vs bf16 F.linear (fwd) and dy @ W (dX); us; ratio = bf16 / int4 ==")
     rep.say("(M <= 1024: CUDA-graph timing with cold L2; dq+mm = one-pass dequantize + cuBLAS, M >= 256; "
             "read = one streaming read of the int4 bytes, ceil x = bf16 fwd / read: the ratio no kernel that reads "
             "them can pass, M <= 16)")
     rep.say(f"{'model':16} {'layer':12} {'N':>6} {'K':>6} {'M':>6} | {'bf16 fwd':>9} {'int4 fwd':>9} "
             f"{'x':>5} {'TB/s':>5} {'read':>5} {'ceil x':>6} | {'bf16 dX':>9} {'int4 dX':>9} {'fwd+dX x':>8} | "
             f"{'inv fwd':>9} {'inv cost':>8} | {'dq+mm x':>7}")
-    fmt = get_format(DENSE_FORMAT)
+    fmt = get_format(INT4_FORMAT)
     fwd, dx = partial(kernels.dequant_linear, fmt=fmt), partial(kernels.dequant_linear_dx, fmt=fmt)
     for model, layers in DENSE.items():
         for layer, n, k in layers:
@@ -311,7 +311,7 @@ def chunked(a, experts, proj: str, counts: list[int], chunk: int, dx: bool):
 
 
 def bench_moe(rep: Report) -> None:
-    rep.say("\n== MoE grouped int4-g32 vs bf16 torch grouped_mm (fwd: x @ W_e^T, dX: dy @ W_e); us ==")
+    rep.say(f"\n== MoE grouped {INT4_FORMAT} (g32) vs bf16 torch grouped_mm (fwd: x @ W_e^T, dX: dy @ W_e); us ==")
     if GROUPED_MM is None:
         rep.say("torch has no _grouped_mm / grouped_mm: skipped")
         return
@@ -324,7 +324,7 @@ def bench_moe(rep: Report) -> None:
                 return
             w = randn(experts, n, k, scale=0.02)
             # Packed experts whose gate_proj is [E, n, k]: the projection measured, whichever it stands for.
-            packed_experts = QuantExperts(experts, k, n, "int4", dtype=torch.bfloat16).cuda()
+            packed_experts = QuantExperts(experts, k, n, INT4_FORMAT, dtype=torch.bfloat16).cuda()
             packed_experts.random_init(torch.Generator("cuda").manual_seed(0))
             packed, per_chunk = packed_experts.packed("gate_proj"), packed_experts.experts_per_chunk()
             for tokens in token_counts:
@@ -339,9 +339,9 @@ def bench_moe(rep: Report) -> None:
                 x, dy = randn(rows, k), randn(rows, n)
                 tm = timer(tokens)
                 t = {"gmm_fwd": tm(GROUPED_MM, x, w.transpose(1, 2), offs=ends),
-                     "int4_fwd": tm(kernels.grouped_dequant_linear, x, offsets, "int4", packed),
+                     "int4_fwd": tm(kernels.grouped_dequant_linear, x, offsets, packed_experts.fmt, packed),
                      "gmm_dx": _grouped_mm_dx_us(tm, dy, w, ends),
-                     "int4_dx": tm(kernels.grouped_dequant_linear_dx, dy, offsets, "int4", packed),
+                     "int4_dx": tm(kernels.grouped_dequant_linear_dx, dy, offsets, packed_experts.fmt, packed),
                      "dq_fwd": tm(chunked, x, packed_experts, "gate_proj", host_counts, per_chunk, dx=False),
                      "dq_dx": tm(chunked, dy, packed_experts, "gate_proj", host_counts, per_chunk, dx=True)}
                 dq = (t["gmm_fwd"] + t["gmm_dx"]) / (t["dq_fwd"] + t["dq_dx"])
@@ -505,19 +505,19 @@ def summary(rep: Report) -> None:
 
 
 def main(argv=None) -> None:
-    global FLUSH_MODE, M_SIZES, DENSE_FORMAT
+    global FLUSH_MODE, M_SIZES, INT4_FORMAT
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sections", default="dense,moe,formats", help="comma list of dense,moe,formats,sweep,midm")
     p.add_argument("--budget", type=float, default=1e9, help="start no new measurement after this many s")
     p.add_argument("--m", type=int, nargs="+", default=list(M_SIZES), help="the dense section's row counts")
     p.add_argument("--l2-flush", choices=FLUSH_MODES, default=FLUSH_MODE, help="graph_us's L2 flush (see FLUSH_MODE)")
     p.add_argument("--int4-layout", choices=("row-major", "tiled"), default="row-major",
-                   help="the dense section's int4 weights: row-major or int4-tiled (see DENSE_FORMAT)")
+                   help="the dense and MoE sections' int4 weights: row-major or int4-tiled (INT4_FORMAT)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench/kernels.py needs a CUDA GPU")
     FLUSH_MODE, M_SIZES = args.l2_flush, tuple(args.m)
-    DENSE_FORMAT = "int4-tiled" if args.int4_layout == "tiled" else "int4"
+    INT4_FORMAT = "int4-tiled" if args.int4_layout == "tiled" else "int4"
     torch.manual_seed(0)
     rep = Report(args.budget)
     rep.say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | "
