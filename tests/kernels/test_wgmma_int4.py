@@ -20,6 +20,7 @@ from tests.kernels.kernel_oracles import (
     gpu,
     matmul_bound,
     random_weight,
+    row_major,
     uneven_int4_experts,
 )
 from tests.kernels.ptx_text import int4_decode_cases, int4_decoded_bits, run_ptx
@@ -226,6 +227,8 @@ def test_against_fp64_where_dense_gemm_sends_it(fmt, n, k, m, monkeypatch):
     assert_within(y, ref_b, 2.0**-8 * ref_b.abs() + k * 2.0**-23 * (x.double().abs() @ wb.abs().T))
     # The split partials are summed in a fixed order: a second launch is bit-identical.
     assert torch.equal(kernels.dequant_linear(x, fmt, packed), y)
+    if fmt.endswith("-tiled"):  # its boxes land in shared memory as the row-major ones: the row-major run's bits
+        assert torch.equal(kernels.dequant_linear(x, *row_major(fmt, packed)), y)
 
 
 @gpu

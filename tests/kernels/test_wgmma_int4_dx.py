@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from orbit_lightning import kernels
-from tests.kernels.kernel_oracles import assert_within, expert_offsets, gpu, random_weight, uneven_int4_experts
+from tests.kernels.kernel_oracles import (
+    assert_within,
+    expert_offsets,
+    gpu,
+    random_weight,
+    row_major,
+    uneven_int4_experts,
+)
 from tests.kernels.sm90_compile import compile_report, needs_sm90_compiler
 
 _SCRIPT = r"""
@@ -155,6 +162,10 @@ def test_dense_dx_meets_the_bf16_weight_oracle(parts, fmt):
     ref = dy.double() @ wb
     assert_within(out[:t, :k], ref, _bound(dy, wb, ref))
     assert out[t:].isnan().all() and out[:, k:].isnan().all()
+    if w.tiled:  # its boxes land in shared memory as the row-major ones: the row-major run's bits
+        rows = resolve(*row_major(fmt, packed), stacked=False)
+        assert torch.equal(wdx.wgmma_int4_dx(dy, rows, torch.empty_like(out[:t, :k]), tile=_tile(parts)),
+                           out[:t, :k])  # fmt: skip
 
 
 @gpu
