@@ -147,12 +147,13 @@ def test_gpu_decode_batches_take_the_mma_kernel_and_replay_in_a_graph():
 
 @gpu
 @pytest.mark.parametrize("cfg", [0, 1])
-def test_gpu_swiglu_in_one_launch_is_bitwise_the_projections_and_silu_mul(cfg):
+@pytest.mark.parametrize("fmt", ["int4", "int4-tiled"])
+def test_gpu_swiglu_in_one_launch_is_bitwise_the_projections_and_silu_mul(cfg, fmt):
     cfg = configs._GROUPED_MMA_NARROW[cfg]
     e, n, k = 8, 96, 768
-    gate, _ = random_weight("int4", (e, n, k), seed=5, device="cuda")
-    up, _ = random_weight("int4", (e, n, k), seed=6, device="cuda")
-    wg, wu = resolve("int4", gate, stacked=True), resolve("int4", up, stacked=True)
+    gate, _ = random_weight(fmt, (e, n, k), seed=5, device="cuda")
+    up, _ = random_weight(fmt, (e, n, k), seed=6, device="cuda")
+    wg, wu = resolve(fmt, gate, stacked=True), resolve(fmt, up, stacked=True)
     for counts in (ROUTINGS["mixed"], [1, 0, 0, 0, 0, 0, 0, 0]):
         x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
         offsets = expert_offsets(counts, device="cuda")
