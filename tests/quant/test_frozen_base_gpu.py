@@ -76,3 +76,29 @@ def test_int4_expert_chunks_run_through_the_grouped_wgmma_kernels(monkeypatch):
     (y_wg, dx_wg), (y_dq, dx_dq) = results
     assert (y_wg - y_dq).abs().max() <= 2.0**-7 * y_dq.abs().max()
     assert (dx_wg - dx_dq).abs().max() <= 2.0**-6 * dx_dq.abs().max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tiled_int4_layers_give_row_major_bits_at_every_row_count():
+    """An int4-tiled QuantLinear and an int4 one holding the same values (N = K = 4096: whole blocks; every path
+    takes both at these rows: the mma GEMV at 1 and 12 rows on one config, wgmma_int4 at 40 and 300, dequantize + cuBLAS
+    at 700; dX: the tile kernel to 64 rows, dequantize + matmul past it) give the same outputs and input gradients,
+    bit for bit: each kernel reads the same values in the same order from either layout."""
+    from orbit_lightning.quant.linear import QuantLinear
+
+    layers = [QuantLinear(4096, 4096, fmt, dtype=torch.bfloat16).cuda() for fmt in ("int4", "int4-tiled")]
+    layers[0].random_init(torch.Generator(device="cuda").manual_seed(3))
+    for key, t in layers[0].packed().items():  # the same values, stored as each layout stores them
+        layers[1].load_checkpoint_tensor(key, t, None, key)
+    assert layers[1].fmt.name == "int4-tiled"
+    for m in (1, 12, 40, 300, 700):
+        x = torch.randn(m, 4096, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda")
+        outs, grads = [], []
+        for layer in layers:
+            xi = x.bfloat16().requires_grad_()
+            y = layer(xi)
+            y.float().square().sum().backward()
+            outs.append(y.detach())
+            grads.append(xi.grad)
+        assert outs[0].isfinite().all() and torch.equal(outs[0], outs[1]), m
+        assert torch.equal(grads[0], grads[1]), m
