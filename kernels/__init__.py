@@ -1,10 +1,10 @@
 """Triton kernels for the frozen low-precision base (installed as `orbit_lightning.kernels`).
 
-Fused dequant-GEMM forward and dX for int4 / fp8-block / mxfp4 / nvfp4 packed weights, small-M (decode) GEMVs, a
-grouped MoE GEMM over active experts (and its decode GEMV), a one-pass `dequantize` (for chunked paths), the MoE
-routing (softmax top-k, the sort by expert), combine and its backward, and a batch-invariant mode
-(`set_batch_invariant` / `batch_invariant()`) with a matching RMSNorm. All entry points are plain torch functions
-without autograd.
+Fused dequant-GEMM forward and dX for int4 (row-major or int4-tiled) / fp8-block / mxfp4 / nvfp4 packed weights,
+small-M (decode) GEMVs, a grouped MoE GEMM over active experts (and its decode GEMV), a one-pass `dequantize` (for
+chunked paths), the MoE routing (softmax top-k, the sort by expert), combine and its backward, and a batch-invariant
+mode (`set_batch_invariant` / `batch_invariant()`) with a matching RMSNorm. All entry points are plain torch
+functions without autograd.
 
 Triton launches a kernel on the *current* CUDA device, not on its tensors' device: with tensors on another
 GPU, call the kernels inside `torch.cuda.device(that_device)` (the rollout engine steps under its own).
