@@ -195,19 +195,28 @@ def section_tiled(deadline: float) -> None:
     step reads one contiguous stretch of 1024 bytes a row tile and K tile, not 64 bytes of each of 16 rows a row
     apart), at 1 and 16 rows. Tiled, the mma GEMV also takes the 16-row tall weights the row-major dispatch gives
     wgmma_int4; where both run the mma GEMV on one config, the outputs must be the same bits (the same products in
-    the same order)."""
+    the same order). tiled-wg: int4-tiled with configs.MMA_TILED_ALL_N off, the tall weights' 9-16 rows on
+    wgmma_int4 (which reads the tiled layout too) as the row-major dispatch sends them."""
+
+    def as_row_major_dispatch(x, tiled):
+        configs.MMA_TILED_ALL_N = False
+        try:
+            return kernels.dequant_linear(x, "int4-tiled", tiled)
+        finally:
+            configs.MMA_TILED_ALL_N = True
 
     def variants(x, packed, w):
         tiled = tile_packed(packed)
         cfg, cfg_t = (configs.pick_gemv(x.shape[0], x.device, x.dtype, True, v)
                       for v in (w, resolve("int4-tiled", tiled, stacked=False)))  # fmt: skip
         runs = {"int4": functools.partial(kernels.dequant_linear, x, "int4", packed),
-                "int4-tiled": functools.partial(kernels.dequant_linear, x, "int4-tiled", tiled)}
+                "int4-tiled": functools.partial(kernels.dequant_linear, x, "int4-tiled", tiled),
+                "tiled-wg": functools.partial(as_row_major_dispatch, x, tiled)}
         same = cfg == cfg_t and torch.equal(runs["int4"](), runs["int4-tiled"]())
         return runs, f"{_kind(cfg):9}/{_kind(cfg_t):9}", " | the same bits" if same else ""
 
-    _ab_over_shapes(deadline, "int4 (row-major) against int4-tiled through the dispatch", ("int4", "int4-tiled"),
-                    (1, 16), variants)
+    _ab_over_shapes(deadline, "int4 (row-major) against int4-tiled through the dispatch (tiled-wg: tall weights' 9-16 "
+                    "rows on wgmma_int4)", ("int4", "int4-tiled", "tiled-wg"), (1, 16), variants)
 
 
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:

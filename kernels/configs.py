@@ -219,6 +219,10 @@ _GEMV_MMA_ONE_TILE = GemvConfig(16, 16, 128, mma=True, num_warps=8, programs_per
 _GEMV_MMA_TWO_ROWTILES = replace(_GEMV_MMA, block_n=32, programs_per_sm=16)
 MMA_SMALL_WEIGHT = 1 << 24  # N * K up to which the mma GEMV serves 9-16 rows instead of wgmma_int4 (4096 x 4096)
 MMA_SHAPE_DISPATCH = True  # False: both rules above off, the dispatch before them (bench --old-mma-dispatch A/B)
+# int4-tiled weights take the mma GEMV at 9-16 rows whatever their size: tiled, it beat wgmma_int4 (row-major) on the
+# tall ones (H200, thirty-seventh session's probe). wgmma_int4 reads int4-tiled too now; False sends the tall tiled
+# weights there as the row-major ones go (the A/B of `bench/mma_sweep.py --sections tiled`).
+MMA_TILED_ALL_N = True
 
 
 def _mma_config(m: int, w: PackedWeight) -> GemvConfig:
@@ -256,10 +260,9 @@ def pick_gemv(m: int, device: torch.device, dtype: torch.dtype, packed_int4: boo
         return _GEMV_CPU
     if not packed_int4:
         return None
-    # int4-tiled weights go to the mma GEMV at every size: tiled it beat wgmma_int4 on the tall ones too (H200,
-    # thirty-seventh session, bench/RESULTS.md), which reads only the row-major layout.
-    if w is not None and (m <= MMA_MAX_M or w.tiled or (MMA_SHAPE_DISPATCH and (w.n * w.k <= MMA_SMALL_WEIGHT
-                                                                                or w.n < MMA_WIDE_MAX_N))):  # fmt: skip
+    tiled = w is not None and w.tiled and MMA_TILED_ALL_N
+    if w is not None and (m <= MMA_MAX_M or tiled or (MMA_SHAPE_DISPATCH and (w.n * w.k <= MMA_SMALL_WEIGHT
+                                                                              or w.n < MMA_WIDE_MAX_N))):  # fmt: skip
         for cfg in (_mma_config(m, w), _GEMV_MMA_ONE_TILE):
             cfg = _at_rows(cfg, m)
             if mma_ok(w, cfg):

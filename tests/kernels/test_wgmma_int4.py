@@ -346,6 +346,25 @@ def test_other_rows_layouts_and_modes_keep_their_kernels(monkeypatch):
     assert calls == []
 
 
+@gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma is Hopper's (sm_90)")
+def test_tall_tiled_weights_take_the_mma_gemv_at_16_rows_unless_switched(monkeypatch):
+    """At 16 rows a tall weight (N = 17408) in int4 goes to wgmma_int4; in int4-tiled to the mma GEMV
+    (configs.MMA_TILED_ALL_N), or with the switch off to wgmma_int4 on the tiled words, and both meet the bound."""
+    calls = _spy(monkeypatch)
+    n, k, m = 17408, 4096, 16
+    packed, w = random_weight("int4-tiled", (n, k), seed=13, device="cuda")
+    x = torch.randn(m, k, generator=torch.Generator("cuda").manual_seed(13), device="cuda").bfloat16()
+    ref = x.double() @ w.T
+    assert_within(kernels.dequant_linear(x, *row_major("int4-tiled", packed)), ref, matmul_bound(x, w, ref, 2.0**-8))
+    assert calls == [(m, k)]
+    assert_within(kernels.dequant_linear(x, "int4-tiled", packed), ref, matmul_bound(x, w, ref, 2.0**-8))
+    assert calls == [(m, k)]  # (the mma GEMV: no second wgmma call)
+    monkeypatch.setattr(kernels.configs, "MMA_TILED_ALL_N", False)
+    assert_within(kernels.dequant_linear(x, "int4-tiled", packed), ref, matmul_bound(x, w, ref, 2.0**-8))
+    assert calls == [(m, k)] * 2
+
+
 def _bf16_weight_bound(x: torch.Tensor, wb: torch.Tensor, ref_b: torch.Tensor) -> torch.Tensor:
     """test_against_fp64_where_dense_gemm_sends_it's tight bound against the decoded bf16 weights wb [.., N, K]."""
     return 2.0**-8 * ref_b.abs() + x.shape[-1] * 2.0**-23 * (x.double().abs() @ wb.abs().transpose(-1, -2))
