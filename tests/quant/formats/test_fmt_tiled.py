@@ -62,6 +62,9 @@ def test_layers_load_row_major_checkpoints_into_the_tiled_layout():
         layer.load_checkpoint_tensor(key, t, None, f"q.{key}")
     assert torch.equal(layer.dequantize(torch.float32), get_format("int4").dequantize(rm, torch.float32))
     assert not torch.equal(layer.weight_packed, rm["weight_packed"])
+    with pytest.raises(ValueError, match=r"packed weight_packed shape \(40, 32\) != expected \(64, 32\)"):
+        layer.load_checkpoint_tensor("weight_packed", torch.zeros(40, 32, dtype=torch.int32), None, "q.weight_packed")
+    assert torch.equal(layer.dequantize(torch.float32), get_format("int4").dequantize(rm, torch.float32))  # kept
     experts = QuantExperts(2, 256, 128, "int4-tiled")
     gate = get_format("int4").quantize(torch.randn(2, 128, 256) * 0.02)
     for e in range(2):

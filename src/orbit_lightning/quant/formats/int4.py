@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .registry import PackedShapes, QuantFormat, float_compute_dtype, register_format
 from .synthetic import TARGET_STD, random_bytes, scale_jitter
-from .tiled import tile_packed, tile_tensor, tiled_blocker, untile_packed, untile_tensor
+from .tiled import tile_packed, tile_tensor, tiled_blocker, tiles, untile_packed, untile_tensor
 
 INT4_GROUP_SIZES = (32, 64, 128)
 _SCALE_DIVISOR = 7.5  # compressed-tensors: (q_max - q_min) / 2 = (7 - (-8)) / 2
@@ -113,7 +113,8 @@ class Int4Format(QuantFormat):
         return self
 
     def to_storage(self, key: str, tensor: Tensor) -> Tensor:
-        return tile_tensor(key, tensor) if self.tiled else tensor
+        # A tensor of a shape no tiled weight has is passed on as it is, for the caller's shape check to name.
+        return tile_tensor(key, tensor) if self.tiled and tiles(key, tensor) else tensor
 
     def from_storage(self, key: str, tensor: Tensor) -> Tensor:
         return untile_tensor(key, tensor) if self.tiled else tensor

@@ -45,6 +45,12 @@ def _blocks(t: Tensor, per_block: int) -> Tensor:
     return t.reshape(*lead, n // TILE_ROWS, TILE_ROWS, c // per_block, per_block)
 
 
+def tiles(key: str, t: Tensor) -> bool:
+    """Whether packed tensor `key` of t's shape is whole blocks (any tensor the layout leaves alone is)."""
+    return key not in TILED_KEYS or (t.dim() >= 2 and t.shape[-2] % TILE_ROWS == 0
+                                     and t.shape[-1] % _per_block(key) == 0)
+
+
 def tile_tensor(key: str, t: Tensor) -> Tensor:
     """Row-major int4 tensor `key` ([..., N, C]) in the tiled layout, same shape (a new tensor)."""
     if key not in TILED_KEYS:
