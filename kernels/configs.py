@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .formats import INT4, PackedWeight
+from .formats import INT4, TILE_K, PackedWeight
 from .mode import is_batch_invariant
 
 
@@ -289,7 +289,7 @@ def fuse_lora(m: int, k: int, cfg: GemvConfig) -> bool:
     return not cfg.mma or (m == 1 and k >= FUSE_LORA_MIN_K)
 
 
-TILE_K = 128  # K per step of the mma kernel's warps (gemv_mma.py): 4 lanes x 32 values
+# TILE_K (formats.py): K per step of the mma kernel's warps (gemv_mma.py: 4 lanes x 32 values), int4-tiled's block
 
 
 def mma_ok(w: PackedWeight, cfg: GemvConfig, stacked: bool = False) -> bool:

@@ -10,10 +10,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .formats import SCALE_GROUPS, TILE_K, TILE_ROWS
+
 # 2**23 as fp32 bits: OR-ing a small integer c into the mantissa gives the float 2**23 + c exactly.
 # Converting through this bit trick avoids the slow int->float conversion unit.
 _MAGIC_BITS = tl.constexpr(0x4B000000)
 _MAGIC_INT4 = tl.constexpr(8388616.0)  # 2**23 + 8: also removes the +8 offset of the stored nibble
+# int4-tiled's blocks (formats.py): 16 rows of a K tile's words, or of SCALE_GROUPS scales (passed as the literal 8:
+# the interpreter cannot take a scalar column % a global constexpr)
+_TILE_ROWS = tl.constexpr(TILE_ROWS)
+_WORDS_PER_BLOCK = tl.constexpr(TILE_K // 8)
+assert SCALE_GROUPS == 8
 
 
 @triton.jit
@@ -22,7 +29,8 @@ def element_offset(r, c, row_len, PER: tl.constexpr, TILED: tl.constexpr):
     int4-tiled's blocks of 16 rows x PER columns (a K tile's 16 words, or 8 scale groups), each row after row, a row
     tile's blocks one after another (quant/formats/tiled.py)."""
     if TILED:
-        off = (r // 16) * (16 * row_len) + (c // PER) * (16 * PER) + (r % 16) * PER + c % PER
+        off = ((r // _TILE_ROWS) * (_TILE_ROWS * row_len) + (c // PER) * (_TILE_ROWS * PER) + (r % _TILE_ROWS) * PER
+               + c % PER)
     else:
         off = r * row_len + c
     return off
@@ -38,7 +46,8 @@ def _load_words(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: 
         mask = (rows[:, None] < N) & (cols[None, :] >= 0)
     else:
         mask = (rows[:, None] < N) & (cols[None, :] < n_words)
-    return tl.load(w_ptr + element_offset(rows[:, None], cols[None, :], stride_wn, 16, TILED), mask=mask, other=0)
+    return tl.load(w_ptr + element_offset(rows[:, None], cols[None, :], stride_wn, _WORDS_PER_BLOCK, TILED), mask=mask,
+                   other=0)
 
 
 @triton.jit

@@ -12,11 +12,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .formats import TILE_ROWS
+
 # Triton 3.9 renamed the TMA load, the CTA barrier and shared memory's reinterpret (3.6, on the GPU machine, has only
 # the old names).
 tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+_TILE_ROWS = gl.constexpr(TILE_ROWS)
 
 
 @functools.cache
@@ -37,8 +40,8 @@ def packed_desc(t: Tensor, block: list[int], dtype: str, per: int, tiled: bool) 
     if not tiled:
         return tma_desc(t, block, dtype)
     rows, cols = t.shape
-    view = t.view(rows // 16, cols // per, 16, per)
-    box = (block[0] // 16, 1, 16, block[1])
+    view = t.view(rows // TILE_ROWS, cols // per, TILE_ROWS, per)
+    box = (block[0] // TILE_ROWS, 1, TILE_ROWS, block[1])
     return TensorDescriptor(view, list(view.shape), list(view.stride()), list(box), smem_layout(box, dtype))
 
 
@@ -51,7 +54,7 @@ def tma_load_rows(desc, row, col, barrier, dest, PER: gl.constexpr, TILED: gl.co
             tiles = dest.reinterpret(dest.dtype, desc.block_type.shape, desc.layout)
         else:
             tiles = dest._reinterpret(dest.dtype, desc.block_type.shape, desc.layout)
-        tma_load(desc, [row // 16, col // PER, 0, col % PER], barrier, tiles)
+        tma_load(desc, [row // _TILE_ROWS, col // PER, 0, col % PER], barrier, tiles)
     else:
         tma_load(desc, [row, col], barrier, dest)
 
