@@ -212,11 +212,23 @@ def section_tiled(deadline: float) -> None:
         runs = {"int4": functools.partial(kernels.dequant_linear, x, "int4", packed),
                 "int4-tiled": functools.partial(kernels.dequant_linear, x, "int4-tiled", tiled),
                 "tiled-wg": functools.partial(as_row_major_dispatch, x, tiled)}
+        w_t = resolve("int4-tiled", tiled, stacked=False)
+        for name, change in TILED_NEIGHBOURS.items():  # (where the variant cannot run, the tiled dispatch again)
+            v = replace(cfg_t, **change) if cfg_t is not None and cfg_t.mma else None
+            runs[name] = (functools.partial(gs.run_gemv, x, w_t, v) if v is not None and configs.mma_ok(w_t, v)
+                          else runs["int4-tiled"])  # fmt: skip
         same = cfg == cfg_t and torch.equal(runs["int4"](), runs["int4-tiled"]())
         return runs, f"{_kind(cfg):9}/{_kind(cfg_t):9}", " | the same bits" if same else ""
 
     _ab_over_shapes(deadline, "int4 (row-major) against int4-tiled through the dispatch (tiled-wg: tall weights' 9-16 "
-                    "rows on wgmma_int4)", ("int4", "int4-tiled", "tiled-wg"), (1, 16), variants)
+                    "rows on wgmma_int4; " + ", ".join(TILED_NEIGHBOURS) + ": the tiled mma config changed)",
+                    ("int4", "int4-tiled", "tiled-wg", *TILED_NEIGHBOURS), (1, 16), variants)
+
+
+# The tiled mma config's neighbours: a tiled row tile's K tile is one 1024-byte stretch, so the trade-offs measured on
+# the row-major layout (one row tile a warp and one K tile a step at 9-16 rows) may not hold. mt2: two row tiles a
+# warp (half the activation bytes per weight byte); u2: two K tiles a step (2 KB contiguous a row tile).
+TILED_NEIGHBOURS = {"tiled-mt2": dict(block_n=32, programs_per_sm=16), "tiled-u2": dict(mma_tiles=2)}
 
 
 def _dispatch_ab(deadline: float, variants: dict[str, dict], rows: tuple[int, ...]) -> None:
