@@ -51,9 +51,15 @@ def _load_words(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: 
 
 
 @triton.jit
-def _fields(words, ROWS: tl.constexpr, BK: tl.constexpr, PER: tl.constexpr, BITS: tl.constexpr):
-    """int32 [ROWS, BK]: the BITS-wide fields of words [ROWS, BK // PER] (field j of a word at bits j*BITS)."""
-    shifts = tl.arange(0, PER) * BITS
+def _fields(words, ROWS: tl.constexpr, BK: tl.constexpr, PER: tl.constexpr, BITS: tl.constexpr,
+            PAIRED: tl.constexpr = False):  # fmt: skip
+    """int32 [ROWS, BK]: the BITS-wide fields of words [ROWS, BK // PER] (field j of a word at bits j*BITS; PAIRED:
+    int4-tiled's nibble order, value j in nibble j // 2 + 4 (j % 2))."""
+    j = tl.arange(0, PER)
+    if PAIRED:
+        shifts = (j // 2 + 4 * (j % 2)) * BITS
+    else:
+        shifts = j * BITS
     fields = (words.to(tl.int32)[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)
     return tl.reshape(fields, (ROWS, BK))
 
@@ -67,9 +73,21 @@ def _unpack(w_ptr, rows, k0, N, n_words, stride_wn, ROWS: tl.constexpr, BK: tl.c
 
 
 @triton.jit
-def int4_values(words, ROWS: tl.constexpr, BK: tl.constexpr):
-    """fp32 [ROWS, BK]: q = nibble - 8 of int4 words [ROWS, BK // 8] (stored as q + 8), in K order."""
-    return (_fields(words, ROWS, BK, 8, 4) | _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC_INT4
+def int4_values(words, ROWS: tl.constexpr, BK: tl.constexpr, PAIRED: tl.constexpr = False):
+    """fp32 [ROWS, BK]: q = nibble - 8 of int4 words [ROWS, BK // 8] (stored as q + 8), in K order (PAIRED:
+    words in int4-tiled's nibble order)."""
+    return (_fields(words, ROWS, BK, 8, 4, PAIRED) | _MAGIC_BITS).to(tl.float32, bitcast=True) - _MAGIC_INT4
+
+
+@triton.jit
+def value_planes(o0, o1, o2, o3, o4, o5, o6, o7, PAIRED: tl.constexpr):
+    """Eight nibble planes (oj: nibble j of each word) as value planes (value j of each word): the same tensors,
+    renamed where PAIRED (int4-tiled's order, value j in nibble j // 2 + 4 (j % 2)). No data moves."""
+    if PAIRED:
+        out = (o0, o4, o1, o5, o2, o6, o3, o7)
+    else:
+        out = (o0, o1, o2, o3, o4, o5, o6, o7)
+    return out
 
 
 @triton.jit
@@ -117,18 +135,11 @@ mov.b32 {$3, $7}, t3;
 
 
 @triton.jit
-def _int4_to_bf16(words, word_scales, ROWS: tl.constexpr, BK: tl.constexpr):
-    """words: int32 [ROWS, BK // 8] of 8 nibbles; word_scales: bf16 [ROWS, BK // 8] -> bf16 [ROWS, BK]."""
-    o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-        _INT4_BF16_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, word_scales],
-        dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16,
-               tl.bfloat16),
-        is_pure=True, pack=1)
-    # Interleave so that nibble j of word c lands at column 8c + j: join adds a minor dim, so pairing
-    # (j, j+4), then (j, j+2), then (j, j+1) yields dims (d1, d2, d3) holding nibble 4*d1 + 2*d2 + d3.
-    lo = tl.join(tl.join(o0, o4), tl.join(o2, o6))
-    hi = tl.join(tl.join(o1, o5), tl.join(o3, o7))
-    return tl.reshape(tl.join(lo, hi), (ROWS, BK))
+def _int4_to_bf16(words, word_scales, ROWS: tl.constexpr, BK: tl.constexpr, PAIRED: tl.constexpr = False):
+    """words: int32 [ROWS, BK // 8] of 8 nibbles (PAIRED: int4-tiled's order); word_scales: bf16 [ROWS, BK // 8]
+    -> bf16 [ROWS, BK]."""
+    o0, o1, o2, o3, o4, o5, o6, o7 = _int4_words_to_bf16(words, word_scales)
+    return _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, ROWS, BK, PAIRED)
 
 
 @triton.jit
@@ -214,11 +225,11 @@ def dequant_tile(w_ptr, scales, rows, k0, N, K, stride_wn, FMT: tl.constexpr, RO
             word_scales = _expand_groups(scales, ROWS, BK // 8, GROUP // 8)
         else:
             word_scales = tl.broadcast_to(scales, (ROWS, BK // 8))
-        w = _int4_to_bf16(words, word_scales.to(tl.bfloat16), ROWS, BK)
+        w = _int4_to_bf16(words, word_scales.to(tl.bfloat16), ROWS, BK, FMT == 5)
     else:
         if FMT == 0 or FMT == 5:  # int4 (row-major or tiled): q + 8 in 4-bit fields, 8 per int32
             words = _load_words(w_ptr, rows, k0, N, K // 8, stride_wn, ROWS, BK, 8, K_EVEN, FMT == 5)
-            vals = int4_values(words, ROWS, BK)
+            vals = int4_values(words, ROWS, BK, FMT == 5)
         elif FMT == 1:  # fp8 e4m3
             cols = k0 + tl.arange(0, BK)
             if K_EVEN:
@@ -286,9 +297,13 @@ def _int4_words_to_f32(words, word_scales):
 
 
 @triton.jit
-def _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, ROWS: tl.constexpr, BK: tl.constexpr):
-    """Eight nibble planes [ROWS, BK // 8] (oj = value j of each word) -> the tile [ROWS, BK] in K order,
-    interleaved as _int4_to_bf16 does (in registers: each thread keeps its words' values)."""
-    lo = tl.join(tl.join(o0, o4), tl.join(o2, o6))
-    hi = tl.join(tl.join(o1, o5), tl.join(o3, o7))
+def _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, ROWS: tl.constexpr, BK: tl.constexpr,
+                     PAIRED: tl.constexpr = False):  # fmt: skip
+    """Eight nibble planes [ROWS, BK // 8] (oj = nibble j of each word; PAIRED: int4-tiled's order) -> the tile
+    [ROWS, BK] in K order (in registers: each thread keeps its words' values)."""
+    v0, v1, v2, v3, v4, v5, v6, v7 = value_planes(o0, o1, o2, o3, o4, o5, o6, o7, PAIRED)
+    # Interleave so that value j of word c lands at column 8c + j: join adds a minor dim, so pairing
+    # (j, j+4), then (j, j+2), then (j, j+1) yields dims (d1, d2, d3) holding value 4*d1 + 2*d2 + d3.
+    lo = tl.join(tl.join(v0, v4), tl.join(v2, v6))
+    hi = tl.join(tl.join(v1, v5), tl.join(v3, v7))
     return tl.reshape(tl.join(lo, hi), (ROWS, BK))

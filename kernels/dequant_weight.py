@@ -116,7 +116,7 @@ def _dequant_int4_kernel(
     words = _load_words(w_ptr + e * stride_we, rows, k0, N, K // 8, stride_wn, BN, BK, 8, K_EVEN, TILED)
     word_scales = load_word_scales(s_ptr + e * stride_se, rows, k0, N, n_groups, stride_sn, BN, BK, GROUP, K_EVEN,
                                    TILED)
-    w = _int4_to_bf16(words, word_scales, BN, BK)
+    w = _int4_to_bf16(words, word_scales, BN, BK, TILED)
     ptrs, mask = _out_tile(out_ptr, slot, rows, k0, N, K, stride_oe, stride_on, BK)
     tl.store(ptrs, w, mask=mask, cache_modifier=STORE_CACHE)
 

@@ -77,14 +77,14 @@ def _bf16_round(x):
 
 
 @triton.jit
-def _weights(w, first: tl.constexpr, scale_bits, scale_bits2):
+def _weights(w, first: tl.constexpr, scale_bits, scale_bits2, PAIRED: tl.constexpr):
     """A lane's 32 decoded weights of one row (words w[first:first + 4]; the last two scaled by scale_bits2), in K
-    order, as fp32."""
+    order, as fp32. PAIRED: int4-tiled's nibble order (value i of a word in nibble i // 2 + 4 (i % 2))."""
     out = ()
     for q in tl.static_range(4):
         scale = (scale_bits if q < 2 else scale_bits2).to(tl.float32, bitcast=True)
         for i in tl.static_range(8):
-            nibble = ((w[first + q] >> (4 * i)) & 0xF) - 8
+            nibble = ((w[first + q] >> (4 * (i // 2 + 4 * (i % 2) if PAIRED else i))) & 0xF) - 8
             out = out + (_bf16_round(nibble.to(tl.float32) * scale),)
     return out
 
@@ -128,15 +128,15 @@ def _mma(w_rows, x_cols):
 
 
 @triton.jit
-def tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr):
+def tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr, PAIRED: tl.constexpr):
     """gemv_mma._tile: acc (4 NT fp32 per lane) + one row tile x one K tile; w: load_w_rows' 10 (12 with PAIRS), x: NT
-    load_x's 16."""
+    load_x's 16; PAIRED: words in int4-tiled's nibble order."""
     if PAIRS:
-        row_g = _stack32(_weights(w, 0, w[8], w[9]))
-        row_g8 = _stack32(_weights(w, 4, w[10], w[11]))
+        row_g = _stack32(_weights(w, 0, w[8], w[9], PAIRED))
+        row_g8 = _stack32(_weights(w, 4, w[10], w[11], PAIRED))
     else:
-        row_g = _stack32(_weights(w, 0, w[8], w[8]))
-        row_g8 = _stack32(_weights(w, 4, w[9], w[9]))
+        row_g = _stack32(_weights(w, 0, w[8], w[8], PAIRED))
+        row_g8 = _stack32(_weights(w, 4, w[9], w[9], PAIRED))
     out = ()
     for j in tl.static_range(NT):
         cols = _stack32(_activations(x[j]))

@@ -8,7 +8,8 @@ leading E dim to every tensor:
 - int4:  weight_packed int32 [N, K/8], value j of a word at bits 4j..4j+3 stored as q+8;
          weight_scale bf16 [N, ceil(K/g)]; w = q * scale.
 - int4-tiled: the same tensors, shapes and values in blocks (quant/formats/tiled.py): words in blocks of 16 rows x
-         128 values, scales of 16 rows x 8 groups, a block's rows one after another, a row tile's blocks along K.
+         128 values, scales of 16 rows x 8 groups, a block's rows one after another, a row tile's blocks along K;
+         within a word, value j in nibble j // 2 + 4 (j % 2) (values 2i, 2i + 1 are one decoded bf16 pair).
 - fp8:   weight float8_e4m3fn [N, K]; weight_scale_inv float32 [ceil(N/128), ceil(K/128)].
 - mxfp4: weight_packed uint8 [N, K/2], low nibble = even k, e2m1 codes;
          weight_scale uint8 e8m0 [N, K/32] meaning 2^(e-127).

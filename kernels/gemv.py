@@ -44,6 +44,7 @@ from .dequant import (
     dequant_tile,
     int4_values,
     load_scales,
+    value_planes,
 )
 from .formats import PackedWeight
 from .gemv_lora import N_COUNTERS, LoraDelta, lora_arrive, lora_leave, lora_rank_program
@@ -80,8 +81,8 @@ def _k_permute(t, ROWS: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _k_permute_nibbles(o0, o1, o2, o3, o4, o5, o6, o7, ROWS: tl.constexpr, BK: tl.constexpr):
-    """The eight decoded nibble planes [ROWS, BK // 8] (oj = nibble j of each word) -> [ROWS, BK] in the
-    dot's K order; equals _k_permute of the interleaved tile, but needs no register moves."""
+    """The eight decoded value planes [ROWS, BK // 8] (oj = value j of each word: dequant.value_planes) -> [ROWS, BK]
+    in the dot's K order; equals _k_permute of the interleaved tile, but needs no register moves."""
     W: tl.constexpr = BK // 32
     p0 = tl.reshape(tl.join(o0, o4), (ROWS, 4, W, 2))  # [r, t, w, p] for j = 0
     p1 = tl.reshape(tl.join(o1, o5), (ROWS, 4, W, 2))
@@ -173,25 +174,28 @@ def _generic_tile(
 
 
 @triton.jit
-def _int4_tile_mma(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    """bf16 [BN, BK] in the dot's K order from int4 words [BN, BK // 8] and load_scales' scales."""
+def _int4_tile_mma(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, PAIRED: tl.constexpr):
+    """bf16 [BN, BK] in the dot's K order from int4 words [BN, BK // 8] (PAIRED: int4-tiled's nibble order) and
+    load_scales' scales."""
     if BK >= GROUP:  # one scale per word
         word_scales = _expand_groups(scales, BN, BK // 8, GROUP // 8).to(tl.bfloat16)
     else:
         word_scales = tl.broadcast_to(scales, (BN, BK // 8)).to(tl.bfloat16)
     o0, o1, o2, o3, o4, o5, o6, o7 = _int4_words_to_bf16(words, word_scales)
-    return _k_permute_nibbles(o0, o1, o2, o3, o4, o5, o6, o7, BN, BK)
+    v0, v1, v2, v3, v4, v5, v6, v7 = value_planes(o0, o1, o2, o3, o4, o5, o6, o7, PAIRED)
+    return _k_permute_nibbles(v0, v1, v2, v3, v4, v5, v6, v7, BN, BK)
 
 
 @triton.jit
-def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    """fp32 [BN, BK] in K order (values rounded to bf16) from int4 words and load_scales' scales."""
+def _int4_tile_f32(words, scales, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, PAIRED: tl.constexpr):
+    """fp32 [BN, BK] in K order (values rounded to bf16) from int4 words (PAIRED: int4-tiled's nibble order) and
+    load_scales' scales."""
     if BK >= GROUP:
         word_scales = _expand_groups(scales, BN, BK // 8, GROUP // 8).to(tl.bfloat16)
     else:
         word_scales = tl.broadcast_to(scales, (BN, BK // 8)).to(tl.bfloat16)
     o0, o1, o2, o3, o4, o5, o6, o7 = _int4_words_to_f32(words, word_scales)
-    return _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, BN, BK)
+    return _nibbles_to_tile(o0, o1, o2, o3, o4, o5, o6, o7, BN, BK, PAIRED)
 
 
 # M and the split count are never specialized, so one binary serves every decode batch size. Nor is the
@@ -269,11 +273,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, ws_ptr, cnt_ptr,
                         wb, sb = _load_packed(w_ptr, s_ptr, rows, k0 + BK, tl.where(k0 + BK < k_hi, N, 0), K, n_groups,
                                               stride_wn, stride_sn, FMT, BN, BK, GROUP, K_EVEN)  # fmt: skip
                 if DOT:
-                    w = _int4_tile_mma(wa, sa, BN, BK, GROUP)
+                    w = _int4_tile_mma(wa, sa, BN, BK, GROUP, FMT == 5)
                     if TWO:
-                        w2 = _int4_tile_mma(wb, sb, BN, BK, GROUP)
+                        w2 = _int4_tile_mma(wb, sb, BN, BK, GROUP, FMT == 5)
                 else:
-                    w = _int4_tile_f32(wa, sa, BN, BK, GROUP)
+                    w = _int4_tile_f32(wa, sa, BN, BK, GROUP, FMT == 5)
             else:
                 w = _generic_tile(w_ptr, s_ptr, rows, k0, N, K, n_groups, stride_wn, stride_sn, gscale,
                                   FMT, BN, BK, GROUP, K_EVEN, x_ptr.dtype.element_ty, DOT)  # fmt: skip
@@ -354,7 +358,7 @@ def _tma_program(x_ptr, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, M, N, K, k_per
         words = w_desc.load([pid_n * BN, k0 // 8])  # [BN, BK // 8] int32
         scales = s_desc.load([pid_n * BN, k0 // GROUP])  # [BN, BK // GROUP] bf16
         if FAST_INT4:
-            w = _int4_tile_mma(words, scales, BN, BK, GROUP)
+            w = _int4_tile_mma(words, scales, BN, BK, GROUP, False)  # (the TMA GEMV reads row-major int4 only)
         else:  # interpreter / fp16 / fp32: the generic decoder's values, in the dot's K order
             w = apply_scales(int4_values(words, BN, BK), scales.to(tl.float32), BN, BK, GROUP)
             w = _k_permute(w.to(x_ptr.dtype.element_ty), BN, BK)

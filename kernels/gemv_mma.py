@@ -25,7 +25,8 @@ Under Triton's interpreter the PTX helpers are emulated with the same per-lane r
 that use them run in CPU tests.
 
 ~320 instructions per 4096 weights at M = 1 and ~400 at 16 rows (sm_90 SASS of the main loop: 161 / 202 a row
-tile and K tile), none through shared memory. Products are fp32 and the order of the sum is
+tile and K tile; 143.5 / 179 on int4-tiled, whose nibble order spares the activations' permutes: tile_asm), none
+through shared memory. Products are fp32 and the order of the sum is
 fixed, so results are bitwise reproducible run to run; they equal the other kernels' up to the order of the fp32
 summation. The LoRA epilogue (the adapters in the same launch, gemv_lora.py) is gemv_out.py's, on tiles.
 """
@@ -72,11 +73,17 @@ def _decode(word: str, out: str) -> str:
 
 
 @functools.cache
-def tile_asm(nt: int, pairs: bool) -> str:
+def tile_asm(nt: int, pairs: bool, paired_nibbles: bool = False) -> str:
     """PTX: one row tile x one K tile for one lane: d = c + W[g, g+8 ; 32 values] . x^T by 8 mmas per n8 tile of
     activation rows (nt of them). Operands: d (4 nt f32); row g's 4 words, row g + 8's; their scales: bf16 g, g + 8,
     or with `pairs` bf16x2 (the scale twice) of g's first and second pair of words, then g + 8's; per n8 tile, x as
-    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). The kernels take it as their TILE constexpr."""
+    16 bf16x2, 4 per word in the words' K order; c (4 nt f32). The kernels take it as their TILE constexpr.
+
+    `paired_nibbles`: words in int4-tiled's nibble order (values 2j and 2j + 1 in nibbles j and j + 4), so decoded
+    register j holds the values 2j, 2j + 1 that activation register j does and the activations go to the mma as
+    loaded; in K order (nibble j is value j) each word's four activation registers are first regrouped into the
+    pairs (j, j + 4) by four byte permutes per n8 tile: 16 nt of the 161 (M = 1) and 209 (16 rows) instructions of a
+    tile, on the integer pipe that the decode's shifts and lop3s load too."""
     words, scales, xs = 4 * nt, 4 * nt + 8, 4 * nt + (12 if pairs else 10)
     cs = xs + 16 * nt
     lines = ["{", ".reg .b32 w, one, off, nz, slo, shi, a<4>, b<4>, x<4>;",
@@ -92,15 +99,19 @@ def tile_asm(nt: int, pairs: bool) -> str:
             d = f"{{${4 * j}, ${4 * j + 1}, ${4 * j + 2}, ${4 * j + 3}}}"
             mma = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}"
             r0, r1, r2, r3 = (f"${xs + 16 * j + 4 * w + i}" for i in range(4))  # x[8w .. 8w+7] as pairs
-            lines += [
-                f"prmt.b32 x0, {r0}, {r2}, 0x5410;",
-                f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
-                f"prmt.b32 x2, {r1}, {r3}, 0x5410;",
-                f"prmt.b32 x3, {r1}, {r3}, 0x7632;",
-            ]  # (x_j, x_j+4)
+            if paired_nibbles:
+                x0, x1, x2, x3 = r0, r1, r2, r3
+            else:
+                x0, x1, x2, x3 = "x0", "x1", "x2", "x3"
+                lines += [
+                    f"prmt.b32 x0, {r0}, {r2}, 0x5410;",
+                    f"prmt.b32 x1, {r0}, {r2}, 0x7632;",
+                    f"prmt.b32 x2, {r1}, {r3}, 0x5410;",
+                    f"prmt.b32 x3, {r1}, {r3}, 0x7632;",
+                ]  # (x_j, x_j+4)
             # a0/a2: row g at k (2t, 2t+1) / (2t+8, 2t+9), a1/a3 the same for row g + 8; b0/b1 x at those k.
-            lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{x0, x1}}, {d};")
-            lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{x2, x3}}, {d};")
+            lines.append(f"{mma}, {{a0, b0, a1, b1}}, {{{x0}, {x1}}}, {d};")
+            lines.append(f"{mma}, {{a2, b2, a3, b3}}, {{{x2}, {x3}}}, {d};")
     lines.append("}")
     return "\n".join(lines)
 
@@ -264,11 +275,11 @@ def _load_xs(x_lane, U: tl.constexpr, NT: tl.constexpr, PAIRS: tl.constexpr):
 
 
 @triton.jit
-def _tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr):
-    """acc (4 NT f32 registers) + one row tile x one K tile (TILE: tile_asm's text); w: _load_w_rows' 10 registers
-    (12 with PAIRS), x: NT of _load_x's 16."""
+def _tile(w, x, acc, NT: tl.constexpr, PAIRS: tl.constexpr, TILE: tl.constexpr, TILED: tl.constexpr):
+    """acc (4 NT f32 registers) + one row tile x one K tile (TILE: tile_asm's text, of int4-tiled's nibble order where
+    TILED); w: _load_w_rows' 10 registers (12 with PAIRS), x: NT of _load_x's 16."""
     if _EMULATE:
-        return emulate.tile(w, x, acc, NT, PAIRS)
+        return emulate.tile(w, x, acc, NT, PAIRS, TILED)
     S: tl.constexpr = "r,r,r,r," if PAIRS else "h,h,"
     if NT == 1:
         return tl.inline_asm_elementwise(TILE, "=f," * 4 + "r," * 8 + S + "r," * 16 + "f,f,f,f", w + x[0] + acc,
@@ -366,15 +377,15 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W: tl
         else:
             s_lane = _advance(s_lane, _s_ktiles(KSTEP * U, TILED, GROUP))
         x_lane = _advance(x_lane, KSTEP * U * _X_BYTES)
-        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
+        acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE, TILED)
         nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, TILED)
         x_nxt = _load_xs(x_lane, U, NT, PAIRS)
-    return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE)
+    return mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE, TILED)
 
 
 @triton.jit
 def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, PAIRS: tl.constexpr,
-             TILE: tl.constexpr):
+             TILE: tl.constexpr, TILED: tl.constexpr):
     """One step's products: acc[m] += row tile m of each of the U K tiles (w: _load_weights') x the activations xv
     (_load_xs')."""
     new = ()
@@ -382,9 +393,9 @@ def mma_step(acc, w, xv, MT: tl.constexpr, NT: tl.constexpr, U: tl.constexpr, PA
         a = acc[m]
         for u in tl.static_range(U):
             if NT == 1:
-                a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS, TILE)
+                a = _tile(w[u * MT + m], (xv[u],), a, NT, PAIRS, TILE, TILED)
             else:
-                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS, TILE)
+                a = _tile(w[u * MT + m], (xv[2 * u], xv[2 * u + 1]), a, NT, PAIRS, TILE, TILED)
         new = new + (a,)
     return new
 
@@ -538,5 +549,5 @@ def kernel_constexprs(cfg: GemvConfig, m: int, nw: int, group: int, stride_w: in
     return dict(GROUP=group, MT=cfg.block_n // 16, NT=nt, U=cfg.mma_tiles, NW=nw, ONE_ROW=m == 1,
                 PDL=pdl, DIRECT=configs.MMA_DIRECT_STORE, PAIRS=cfg.mma_word_pairs,
                 STRIDE_W=stride_w, STRIDE_S=stride_s, LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
-                TILE=tile_asm(nt, cfg.mma_word_pairs), INTERLEAVE=cfg.mma_interleave_k,
+                TILE=tile_asm(nt, cfg.mma_word_pairs, tiled), INTERLEAVE=cfg.mma_interleave_k,
                 TILED=tiled)  # fmt: skip

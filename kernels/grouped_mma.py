@@ -171,7 +171,8 @@ def kernel_constexprs(cfg: GemvConfig, group: int, nw: int, experts: int, swiglu
     compile test share."""
     r = max(rank, 1)
     return dict(GROUP=group, MT=2 if swiglu else cfg.block_n // 16, U=cfg.mma_tiles, NW=nw, PAIRS=cfg.mma_word_pairs,
-                LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group), TILE=tile_asm(1, cfg.mma_word_pairs),
-                E_POW2=triton.next_power_of_2(experts), PDL=pdl, SWIGLU=swiglu, LORA=rank > 0, R=r,
+                LOAD=load_w_asm(cfg.l2_prefetch, cfg.mma_word_pairs, group),
+                TILE=tile_asm(1, cfg.mma_word_pairs, tiled), E_POW2=triton.next_power_of_2(experts), PDL=pdl,
+                SWIGLU=swiglu, LORA=rank > 0, R=r,
                 R_POW2=triton.next_power_of_2(r),
                 TILED=tiled)  # fmt: skip

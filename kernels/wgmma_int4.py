@@ -66,12 +66,14 @@ FIRST_ISSUE = gl.constexpr(CYCLES + 4)
 # decode of one register (its own lines, so that the two cannot drift apart): lop3 into bf16 128 + n, fma by -136,
 # fma by the scale $4.
 _DECODE_LINES = ("mov.b32 s2,", "mov.b32 one,", "mov.b32 off,", "mov.b32 nz,", "lop3.b32 t0,", "fma.rn.bf16x2 t0,")
-_PAIR_ASM = gl.constexpr(
-    "{\n.reg .b32 w4, t0, s2, one, off, nz;\nshr.u32 w4, $2, 4;\nprmt.b32 t0, $2, w4, $3;\n"
-    + "".join(line.replace("$8", "t0").replace("$9", "$4") + "\n" for line in _INT4_BF16_ASM.value.splitlines()
-              if line.startswith(_DECODE_LINES))
-    + "mov.b32 {$0, $1}, t0;\n}\n"
-)
+_DECODE = "".join(line.replace("$8", "t0").replace("$9", "$4") + "\n" for line in _INT4_BF16_ASM.value.splitlines()
+                  if line.startswith(_DECODE_LINES))
+_PAIR_ASM = gl.constexpr("{\n.reg .b32 w4, t0, s2, one, off, nz;\nshr.u32 w4, $2, 4;\nprmt.b32 t0, $2, w4, $3;\n"
+                         + _DECODE + "mov.b32 {$0, $1}, t0;\n}\n")
+# int4-tiled's words hold values 2t and 2t + 1 in nibbles t and t + 4 (quant/formats/tiled.py): the word shifted by
+# $3 = 4t has them at bits 0 and 16, one shift where the permute took two instructions.
+_TILED_PAIR_ASM = gl.constexpr("{\n.reg .b32 t0, s2, one, off, nz;\nshr.u32 t0, $2, $3;\n" + _DECODE
+                               + "mov.b32 {$0, $1}, t0;\n}\n")
 
 
 @gluon.constexpr_function
@@ -173,11 +175,12 @@ def _load_partition(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty
 @gluon.jit
 def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, rows, ROW0: gl.constexpr,
                    GROUP: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                   CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, num_warps: gl.constexpr,
-                   stamps_ptr=None, program=0, STAMPS: gl.constexpr = False):
+                   CS: gl.constexpr, SSTAGES: gl.constexpr, HALVES: gl.constexpr, TILED: gl.constexpr,
+                   num_warps: gl.constexpr, stamps_ptr=None, program=0, STAMPS: gl.constexpr = False):
     """MMA warps: decode each step's words (the BN weight rows from ROW0 of the slot's tile) into wgmma's register
     operand and multiply. HALVES: the BM activation rows as two halves with their own accumulators, the second
-    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few)."""
+    multiplied only when the tile has more than BM / 2 `rows` (an expert's last tile often holds a few). TILED:
+    int4-tiled's nibble order."""
     HM: gl.constexpr = BM // 2 if HALVES else BM
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, HM, 16])
@@ -187,7 +190,10 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
     words_layout: gl.constexpr = gl.SliceLayout(2, w3)
 
     byte = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, w3)))
-    sel = gl.expand_dims(gl.expand_dims(byte | ((byte + 4) << 8), 0), 0)  # [1, 1, 4]: the prmt selector
+    if TILED:  # [1, 1, 4]: the shift, or the prmt selector, of the decode's asm
+        sel = gl.expand_dims(gl.expand_dims(4 * byte, 0), 0)
+    else:
+        sel = gl.expand_dims(gl.expand_dims(byte | ((byte + 4) << 8), 0), 0)
     GPS: gl.constexpr = BK // GROUP if BK > GROUP else 1  # scale groups per step
     WPG: gl.constexpr = BK // 8 // GPS  # words per group within a step
     l3s: gl.constexpr = _scale_layout(BN, GPS, WPG, num_warps)
@@ -210,8 +216,9 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
                 if c == 0:
                     gluon_stamp(stamps_ptr, program, FIRST_DATA, True)
             words = gl.expand_dims(w_smem.index(slot).slice(ROW0, BN, dim=0).load(words_layout), 2)
-            lo, hi = gl.inline_asm_elementwise(_PAIR_ASM, "=h,=h,r,r,h", [words, sel, scales],
-                                               dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+            lo, hi = gl.inline_asm_elementwise(_TILED_PAIR_ASM if TILED else _PAIR_ASM, "=h,=h,r,r,h",
+                                               [words, sel, scales], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True,
+                                               pack=1)  # fmt: skip
             lo = gl.convert_layout(gl.reshape(lo, [BN, BK // 2]), pair_layout, assert_trivial=True)
             hi = gl.convert_layout(gl.reshape(hi, [BN, BK // 2]), pair_layout, assert_trivial=True)
             a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_layout, assert_trivial=True)
@@ -239,11 +246,11 @@ def _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chu
 def _mma_store_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, out_ptr, n_lo, m_lo, m_end,
                          M, N, stride_om, ROW0: gl.constexpr, GROUP: gl.constexpr, BN: gl.constexpr,
                          BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, CS: gl.constexpr,
-                         SSTAGES: gl.constexpr, num_warps: gl.constexpr):
+                         SSTAGES: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr):
     """One of the independent warpgroups (Tile.parts): its BN weight rows from ROW0 of the tile, in halves, stored by
     its own warps (a worker partition returns nothing)."""
     acc, acc_hi = _mma_partition(x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, ROW0,
-                                 GROUP, BN, BM, BK, STAGES, CS, SSTAGES, True, num_warps)
+                                 GROUP, BN, BM, BK, STAGES, CS, SSTAGES, True, TILED, num_warps)
     store_block(acc, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo, m_end, M, N, 1, stride_om, BN, BM // 2, False,
                 False, num_warps)
     store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, n_lo + ROW0, 0, m_lo + BM // 2, m_end, M, N, 1, stride_om, BN,
@@ -303,17 +310,18 @@ def _wgmma_int4_kernel(x_desc, w_desc, s_desc, out_ptr, ws_ptr, cnt_ptr, offsets
         gl.warp_specialize([
             (_mma_store_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, out_ptr,
                                     pid_n * BN, m_lo, m_end, M, N, stride_om, 0, GROUP, PN, BM, BK, STAGES, CS,
-                                    SSTAGES, num_warps)),
+                                    SSTAGES, TILED, num_warps)),
             (_mma_store_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, out_ptr,
                                     pid_n * BN, m_lo, m_end, M, N, stride_om, PN, GROUP, PN, BM, BK, STAGES, CS,
-                                    SSTAGES, num_warps)),
+                                    SSTAGES, TILED, num_warps)),
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
                                m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, TILED)),
         ], [num_warps, 1], [WORKER_REGS, 24])
     else:
         results = gl.warp_specialize([
             (_mma_partition, (x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, n_chunks, m_end - m_lo, 0,
-                              GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, num_warps, stamps_ptr, program, STAMPS)),
+                              GROUP, BN, BM, BK, STAGES, CS, SSTAGES, HALVES, TILED, num_warps, stamps_ptr, program,
+                              STAMPS)),
             (_load_partition, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, s_ready, s_empty, w_row,
                                m_lo, k_lo, n_chunks, GROUP, BN, BK, STAGES, CS, SSTAGES, TILED, stamps_ptr, program,
                                STAMPS, PDL)),

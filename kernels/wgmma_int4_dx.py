@@ -5,10 +5,11 @@ Swapped like the forward: dx^T [K, T] = W^T [K, N] x dy^T, so W^T is wgmma's reg
 N) and dy is B, read from shared memory. The words run along K (8 values of one row n per word), while the operand
 wants pairs along N in one register: lane (g, q) of a warp holds rows g and g + 8 of its 16, columns 2q, 2q + 1 (and
 + 8). The output's row order is free (the epilogue stores each row where it belongs), so row g + 8h of warp w is
-column k = 8c + j + 4h of the tile, with word column c = 2w + g // 4 and j = g % 4: a lane's two rows are nibbles j
-and j + 4 of one word column, and for the pair of rows n, n + 1 of W one `prmt` gathers the two bytes holding them
-from both words, and one lop3 each (after a shift) builds (n, n + 1) at k and at k + 4, decoded like the forward
-(bf16 128 + nibble, fma by -136, fma by the pair of the two rows' scales): bit-identical weights.
+column k = 8c + j + 4h of the tile, with word column c = 2w + g // 4 and j = g % 4: a lane's two rows are values j
+and j + 4 of one word column (nibbles j and j + 4; in int4-tiled's nibble order j // 2 + 4 (j % 2) and that + 2), and
+for the pair of rows n, n + 1 of W one `prmt` gathers the two bytes holding them from both words, and one lop3 each
+(after a shift) builds (n, n + 1) at k and at k + 4, decoded like the forward (bf16 128 + nibble, fma by -136, fma by
+the pair of the two rows' scales): bit-identical weights.
 
 Per step of 64 of N the loader warp brings dy's [BM, 64], the words [64, BN / 8] and the scales [64, 8 groups] by TMA
 into one ring. Everything else (two warpgroups, halves, the grouped tile lookup, the epilogue) is the forward's.
@@ -31,10 +32,11 @@ from .wgmma_int4 import PART_REGS, SCALE_CHUNK, TRAIN, WORDS_PER_BLOCK, Tile
 
 BLOCK_R = gl.constexpr(64)  # N (the reduction) per step
 
-# For the pair of W's rows n, n + 1 at word column c: $4, $5 their words, $6 the prmt selector bytes (j // 2,
-# j // 2 + 2) of $4 then of $5, $7 the shift 4 * (j % 2) that brings nibble j to bit 0, $8 / $9 the two rows' scales.
-# Out: ($0, $1) the rows' values at k (nibble j), ($2, $3) at k + 4 (nibble j + 4): the gathered word t and t >> 8
-# decoded by dequant.py's own lines for its registers t0 and t1 (so that the two cannot drift apart).
+# For the pair of W's rows n, n + 1 at word column c: $4, $5 their words, $6 the prmt selector of the two bytes of
+# $4 then of $5 that hold the values at k = 8c + j and k + 4, $7 the shift that brings the first to bit 0 (both:
+# dx_selector; row-major, bytes j // 2 and j // 2 + 2, shift 4 (j % 2)), $8 / $9 the two rows' scales. Out: ($0, $1)
+# the rows' values at k, ($2, $3) at k + 4: the gathered word t and t >> 8 decoded by dequant.py's own lines for its
+# registers t0 and t1 (so that the two cannot drift apart).
 _DX_DECODE_LINES = ("mov.b32 one,", "mov.b32 off,", "mov.b32 nz,", "lop3.b32 t0,", "lop3.b32 t1,",
                     "fma.rn.bf16x2 t0,", "fma.rn.bf16x2 t1,")
 _DX_ASM = gl.constexpr(
@@ -44,6 +46,20 @@ _DX_ASM = gl.constexpr(
               if line.startswith(_DX_DECODE_LINES))
     + "mov.b32 {$0, $1}, t0;\nmov.b32 {$2, $3}, t1;\n}\n"
 )
+
+
+@gluon.jit
+def dx_selector(j, TILED: gl.constexpr):
+    """_DX_ASM's prmt selector ($6) and shift ($7) for lane nibble j (a tensor): bytes of each row's word holding the
+    values at k (column 8c + j) and k + 4, and the shift that brings them to bits 0 and 8. Row-major they are nibbles
+    j and j + 4 (bytes j // 2 and j // 2 + 2, half j % 2); int4-tiled (value v in nibble v // 2 + 4 (v % 2),
+    quant/formats/tiled.py) nibbles a = j // 2 + 4 (j % 2) and a + 2 (bytes a // 2 and a // 2 + 1, half a % 2)."""
+    if TILED:
+        a = j // 2 + 4 * (j % 2)
+        lo, hi, half = a // 2, a // 2 + 1, a % 2
+    else:
+        lo, hi, half = j // 2, j // 2 + 2, j % 2
+    return lo | hi << 4 | (lo + 4) << 8 | (hi + 4) << 12, 4 * half
 
 
 def row_column(row: int) -> int:
@@ -122,7 +138,7 @@ def _dx_load_partition(dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, 
 @gluon.jit
 def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_upper, PART: gl.constexpr,
                       PARTS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      TILED: gl.constexpr, num_warps: gl.constexpr):
     """Decode each step's words into W^T's register operand (rows: BN columns of K in row_column order; partition
     PART of PARTS takes the PART-th BN of the tile's) and multiply by dy^T, in two halves of BM // 2 activation rows
     (the second only when the tile has more). s_upper: the tile's groups are the upper half of the scale box."""
@@ -136,9 +152,9 @@ def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_up
     words_in: gl.constexpr = gl.SliceLayout(2, l3)
 
     j = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, l3)))
-    jb = j // 2
-    sel = gl.expand_dims(gl.expand_dims(jb | (jb + 2) << 4 | (jb + 4) << 8 | (jb + 6) << 12, 0), 0)  # [1, 1, 4]
-    shift = gl.expand_dims(gl.expand_dims(4 * (j % 2), 0), 0)
+    sel, shift = dx_selector(j, TILED)
+    sel = gl.expand_dims(gl.expand_dims(sel, 0), 0)  # [1, 1, 4]
+    shift = gl.expand_dims(gl.expand_dims(shift, 0), 0)
     l3s: gl.constexpr = _group_layout(BR, C, num_warps)
     zero_s = gl.full([BR // 2, C // 4, 4], 0.0, gl.bfloat16, l3s)
     S_LO: gl.constexpr = PART * C // 4  # this partition's first scale group within the tile's
@@ -179,10 +195,10 @@ def _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, rows, s_up
 @gluon.jit
 def _dx_mma_store_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, s_upper, out_ptr, k0, m_lo, m_end, M, K,
                             stride_om, PART: gl.constexpr, PARTS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
-                            STAGES: gl.constexpr, num_warps: gl.constexpr):
+                            STAGES: gl.constexpr, TILED: gl.constexpr, num_warps: gl.constexpr):
     """One of the independent warpgroups (Tile.parts): its BN columns of K, stored by its own warps."""
     acc, acc_hi = _dx_mma_partition(dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, s_upper, PART,
-                                    PARTS, BN, BM, STAGES, num_warps)
+                                    PARTS, BN, BM, STAGES, TILED, num_warps)
     store_block(acc, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo, m_end, M, K, 1, stride_om, BN, BM // 2,
                 False, True, num_warps)
     store_block(acc_hi, out_ptr, out_ptr, out_ptr, 0, k0 + PART * BN, 0, m_lo + BM // 2, m_end, M, K, 1, stride_om,
@@ -224,16 +240,16 @@ def _wgmma_int4_dx_kernel(dy_desc, w_desc, s_desc, out_ptr, offsets_ptr, ids_ptr
         PN: gl.constexpr = BN // 2
         gl.warp_specialize([
             (_dx_mma_store_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, s_upper, out_ptr, k0, m_lo,
-                                       m_end, M, K, stride_om, 0, PARTS, PN, BM, STAGES, num_warps)),
+                                       m_end, M, K, stride_om, 0, PARTS, PN, BM, STAGES, TILED, num_warps)),
             (_dx_mma_store_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, s_upper, out_ptr, k0, m_lo,
-                                       m_end, M, K, stride_om, 1, PARTS, PN, BM, STAGES, num_warps)),
+                                       m_end, M, K, stride_om, 1, PARTS, PN, BM, STAGES, TILED, num_warps)),
             (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
                                   n_steps, GROUP, STAGES, PARTS, TILED)),
         ], [num_warps, 1], [WORKER_REGS, 24])
     else:
         results = gl.warp_specialize([
             (_dx_mma_partition, (dy_smem, w_smem, s_smem, ready, empty, n_steps, m_end - m_lo, s_upper, 0, 1, BN, BM,
-                                 STAGES, num_warps)),
+                                 STAGES, TILED, num_warps)),
             (_dx_load_partition, (dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, empty, w_row, m_lo, k0,
                                   n_steps, GROUP, STAGES, 1, TILED)),
         ], [1], [24])

@@ -166,6 +166,23 @@ def test_pair_decode_text_matches_the_int4_format():
             assert (lo, hi) == (want[2 * t].item(), want[2 * t + 1].item()), (hex(word.item()), t)
 
 
+def _paired(word: int) -> int:
+    """A row-major word (value j in nibble j) in int4-tiled's nibble order: value j in nibble j // 2 + 4 (j % 2)."""
+    return sum(((word >> 4 * j) & 0xF) << 4 * (j // 2 + 4 * (j % 2)) for j in range(8))
+
+
+def test_tiled_pair_decode_text_matches_the_int4_format():
+    """_TILED_PAIR_ASM with the shift 4t: lane t decodes values 2t and 2t + 1 of an int4-tiled word, bit for bit the
+    int4 format's values of the row-major word it was made from."""
+    for word, scale in zip(*int4_decode_cases((24,))):
+        want = int4_decoded_bits(word, scale)
+        scale_bits = scale.view(torch.int16).item() & 0xFFFF
+        for t in range(4):
+            regs = run_ptx(kernels.wgmma_int4._TILED_PAIR_ASM.value,
+                           {"$2": _paired(word.item() & 0xFFFFFFFF), "$3": 4 * t, "$4": scale_bits})
+            assert (regs["$0"], regs["$1"]) == (want[2 * t].item(), want[2 * t + 1].item()), (hex(word.item()), t)
+
+
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 

@@ -87,22 +87,31 @@ def test_compiles_for_sm90_with_trivial_layouts_and_no_spills():
         assert r["tma4d"] == ((1 + p) if name.endswith("-tiled") else 0), (name, r)
 
 
-def test_pair_decode_text_matches_the_int4_format():
+@pytest.mark.parametrize("tiled", [False, True], ids=["row-major", "tiled"])
+def test_pair_decode_text_matches_the_int4_format(tiled):
     """_DX_ASM for lane nibble j of a word column: from the words of W's rows n and n + 1, ($0, $1) are the two rows'
-    values at nibble j and ($2, $3) at nibble j + 4, each times its own row's scale: the int4 format's dequantization,
-    bit for bit, for every j, nibble value and a range of scales (its text runs here; the kernel only on a GPU)."""
+    values j and ($2, $3) values j + 4, each times its own row's scale: the int4 format's dequantization, bit for bit,
+    for every j, nibble value and a range of scales (its text runs here; the kernel only on a GPU). Tiled: the words
+    in int4-tiled's nibble order (value v in nibble v // 2 + 4 (v % 2)), the selector and shift dx_selector's."""
     from orbit_lightning.kernels import wgmma_int4_dx as wdx
 
     from tests.kernels.ptx_text import int4_decode_cases, int4_decoded_bits, run_ptx
 
     bits = lambda t: t.view(torch.int16).int() & 0xFFFF  # noqa: E731
+
+    def stored(word: int) -> int:  # (value v in nibble v // 2 + 4 (v % 2) where tiled)
+        return sum(((word >> 4 * v) & 0xF) << 4 * (v // 2 + 4 * (v % 2)) for v in range(8)) if tiled else word
+
     for pair, scale in zip(*int4_decode_cases((12, 2))):  # (pair 0: every nibble value in each row)
         want = [int4_decoded_bits(pair[r], scale[r]) for r in (0, 1)]
         for j in range(4):
-            jb = j // 2  # (the kernel's selector and shift for lane nibble j)
+            # the kernel's selector and shift for lane j: the bytes holding values j and j + 4 (nibbles a, a + 2 /
+            # a + 4 of the stored word), and the half of the byte they are in
+            a = j // 2 + 4 * (j % 2) if tiled else j
+            lo, hi = a // 2, (a + (2 if tiled else 4)) // 2
             regs = run_ptx(wdx._DX_ASM.value, {
-                "$4": pair[0].item() & 0xFFFFFFFF, "$5": pair[1].item() & 0xFFFFFFFF,
-                "$6": jb | (jb + 2) << 4 | (jb + 4) << 8 | (jb + 6) << 12, "$7": 4 * (j % 2),
+                "$4": stored(pair[0].item() & 0xFFFFFFFF), "$5": stored(pair[1].item() & 0xFFFFFFFF),
+                "$6": lo | hi << 4 | (lo + 4) << 8 | (hi + 4) << 12, "$7": 4 * (a % 2),
                 "$8": bits(scale[0]).item(), "$9": bits(scale[1]).item()})
             got = [regs[f"${i}"] for i in range(4)]
             expect = [want[0][j], want[1][j], want[0][j + 4], want[1][j + 4]]

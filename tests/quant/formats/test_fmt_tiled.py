@@ -1,5 +1,6 @@
-"""int4's tiled storage layout (quant/formats/tiled.py): the block order against a definition written out element by
-element, the same values as the row-major layout, the shapes that fall back to it, and the checkpoint boundary."""
+"""int4's tiled storage layout (quant/formats/tiled.py): the block and nibble order against a definition written out
+element by element, the same values as the row-major layout, the shapes that fall back to it, and the checkpoint
+boundary."""
 
 import pytest
 import torch
@@ -23,13 +24,24 @@ def _by_hand(t: torch.Tensor, per_block: int) -> torch.Tensor:
     return out.view(n, c)
 
 
+def _pair_order_by_hand(words: torch.Tensor) -> torch.Tensor:
+    """Each word's 8 values (value j in nibble j) moved so that values 2i and 2i + 1 sit in nibbles i and i + 4."""
+    out = []
+    for word in words.flatten().tolist():
+        values = [(word >> (4 * j)) & 0xF for j in range(8)]
+        moved = sum(v << (4 * (j // 2 + 4 * (j % 2))) for j, v in enumerate(values))
+        out.append(moved - (1 << 32) if moved >= 1 << 31 else moved)  # as int32
+    return torch.tensor(out, dtype=torch.int32).view(words.shape)
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_tiled_layout_is_the_block_order(group):
     row_major = get_format(f"int4-g{group}" if group != 32 else "int4")
     tiled = get_format(row_major.name + "-tiled")
     w = torch.randn(48, 1024, generator=torch.Generator().manual_seed(group)) * 0.02
     rm, tl = row_major.quantize(w), tiled.quantize(w)
-    assert torch.equal(tl["weight_packed"], _by_hand(rm["weight_packed"], 16))  # 16 words: one K tile of 128
+    # 16 words a block row: one K tile of 128 values; in each word values 2i, 2i + 1 in nibbles i, i + 4
+    assert torch.equal(tl["weight_packed"], _by_hand(_pair_order_by_hand(rm["weight_packed"]), 16))
     assert torch.equal(tl["weight_scale"], _by_hand(rm["weight_scale"], 8))  # 8 groups: a 16-byte row
     assert torch.equal(tl["weight_shape"], rm["weight_shape"])
     assert torch.equal(tiled.dequantize(tl, torch.float32), row_major.dequantize(rm, torch.float32))

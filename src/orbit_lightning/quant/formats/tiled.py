@@ -12,16 +12,25 @@ with the same instructions (bench/RESULTS.md, thirty-seventh session). A scale b
 tile's, so that a TMA box of a block row (16 bytes, its minimum) is the row-major box's: the warpgroup-MMA kernels
 load their 8-group scale chunks and their words into the same shared memory from either layout. Checkpoints stay
 row-major (compressed-tensors'); the layout is made when a weight is stored.
+
+Within a word the values are reordered too: values 2j and 2j + 1 sit in nibbles j and j + 4 (row-major: value j in
+nibble j). The kernels' int4 -> bf16 decode turns the two nibbles 16 bits apart, j and j + 4, into one register of
+two bf16 values, and the tensor-core operands (like activations in memory) pair adjacent K values: in this order a
+decoded register is such a pair, where in K order the mma GEMV regrouped each word's activations by byte permutes
+(16 of the 161 instructions of an M = 1 tile, 32 of 209 at 16 rows, sm_90 SASS) and wgmma_int4 gathered each pair's
+byte by a permute.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 TILE_ROWS = 16
 TILE_K = 128
 SCALE_GROUPS = 8  # scale groups a block row (16 bytes: TMA's smallest box row)
 TILED_KEYS = ("weight_packed", "weight_scale")  # the int4 tensors the layout reorders (weight_shape is not per row)
+NIBBLE_OF_VALUE = (0, 4, 1, 5, 2, 6, 3, 7)  # the nibble of a tiled word that holds its value j (row-major: j)
 
 
 def tiled_blocker(shape: tuple[int, ...], group: int) -> str | None:
@@ -51,10 +60,20 @@ def tiles(key: str, t: Tensor) -> bool:
                                      and t.shape[-1] % _per_block(key) == 0)
 
 
+def _move_nibbles(words: Tensor, source: tuple[int, ...]) -> Tensor:
+    """int32 words whose nibble j is nibble source[j] of `words`."""
+    out = torch.zeros_like(words)
+    for j, src in enumerate(source):
+        out |= ((words >> (4 * src)) & 0xF) << (4 * j)
+    return out
+
+
 def tile_tensor(key: str, t: Tensor) -> Tensor:
     """Row-major int4 tensor `key` ([..., N, C]) in the tiled layout, same shape (a new tensor)."""
     if key not in TILED_KEYS:
         return t
+    if key == "weight_packed":  # nibble NIBBLE_OF_VALUE[j] takes value j
+        t = _move_nibbles(t, tuple(NIBBLE_OF_VALUE.index(j) for j in range(8)))
     return _blocks(t, _per_block(key)).transpose(-3, -2).contiguous().reshape(t.shape)
 
 
@@ -65,7 +84,8 @@ def untile_tensor(key: str, t: Tensor) -> Tensor:
     *lead, n, c = t.shape
     per = _per_block(key)
     blocks = t.reshape(*lead, n // TILE_ROWS, c // per, TILE_ROWS, per)  # as stored: K tile, then row
-    return blocks.transpose(-3, -2).contiguous().reshape(t.shape)
+    row_major = blocks.transpose(-3, -2).contiguous().reshape(t.shape)
+    return _move_nibbles(row_major, NIBBLE_OF_VALUE) if key == "weight_packed" else row_major
 
 
 def tile_packed(packed: dict[str, Tensor]) -> dict[str, Tensor]:
