@@ -82,8 +82,10 @@ def test_int4_expert_chunks_run_through_the_grouped_wgmma_kernels(monkeypatch):
 def test_tiled_int4_layers_give_row_major_bits_at_every_row_count():
     """An int4-tiled QuantLinear and an int4 one holding the same values (N = K = 4096: whole blocks; every path
     takes both at these rows: the mma GEMV at 1 and 12 rows on one config, wgmma_int4 at 40 and 300, dequantize + cuBLAS
-    at 700; dX: the tile kernel to 64 rows, dequantize + matmul past it) give the same outputs and input gradients,
-    bit for bit: each kernel reads the same values in the same order from either layout."""
+    at 700; dX: the tile kernel to 64 rows, dequantize + matmul past it) give the same input gradients, and outputs,
+    bit for bit: each kernel reads the same values in the same order from either layout, but for the mma GEMV, whose
+    mmas take a word's values in other sets from int4-tiled's nibble order (gemv_mma.tile_asm): there the outputs
+    agree to the fp32 sums' reordering."""
     from orbit_lightning.quant.linear import QuantLinear
 
     layers = [QuantLinear(4096, 4096, fmt, dtype=torch.bfloat16).cuda() for fmt in ("int4", "int4-tiled")]
@@ -100,5 +102,11 @@ def test_tiled_int4_layers_give_row_major_bits_at_every_row_count():
             y.float().square().sum().backward()
             outs.append(y.detach())
             grads.append(xi.grad)
-        assert outs[0].isfinite().all() and torch.equal(outs[0], outs[1]), m
+        assert outs[0].isfinite().all(), m
+        if m <= 16:  # two fp32 sums of the same 4096 products (apart by ~2^-12 of one product's size) rounded to bf16:
+            # at most a bf16 step (2^-7 relative) apart, or, near zero, a sliver of the largest output
+            a, b = outs[0].float(), outs[1].float()
+            assert ((a - b).abs() <= 2.0**-7 * a.abs() + 2.0**-16 * a.abs().max()).all(), m
+        else:
+            assert torch.equal(outs[0], outs[1]), m
         assert torch.equal(grads[0], grads[1]), m
