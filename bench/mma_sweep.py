@@ -194,9 +194,10 @@ def section_tiled(deadline: float) -> None:
     """The dispatch on int4 weights against the same weights in int4-tiled's layout (quant/formats/tiled.py: a warp's
     step reads one contiguous stretch of 1024 bytes a row tile and K tile, not 64 bytes of each of 16 rows a row
     apart), at 1 and 16 rows. Tiled, the mma GEMV also takes the 16-row tall weights the row-major dispatch gives
-    wgmma_int4; where both run the mma GEMV on one config, the outputs must be the same bits (the same products in
-    the same order). tiled-wg: int4-tiled with configs.MMA_TILED_ALL_N off, the tall weights' 9-16 rows on
-    wgmma_int4 (which reads the tiled layout too) as the row-major dispatch sends them."""
+    wgmma_int4; each output is checked against fp32 (the mma GEMV sums other sets of a word's values per mma on
+    int4-tiled's nibble order, so the layouts' bits differ there). tiled-wg: int4-tiled with configs.MMA_TILED_ALL_N
+    off, the tall weights' 9-16 rows on wgmma_int4 (which reads the tiled layout too) as the row-major dispatch sends
+    them."""
 
     def as_row_major_dispatch(x, tiled):
         configs.MMA_TILED_ALL_N = False
@@ -217,8 +218,7 @@ def section_tiled(deadline: float) -> None:
             v = replace(cfg_t, **change) if cfg_t is not None and cfg_t.mma else None
             runs[name] = (functools.partial(gs.run_gemv, x, w_t, v) if v is not None and configs.mma_ok(w_t, v)
                           else runs["int4-tiled"])  # fmt: skip
-        same = cfg == cfg_t and torch.equal(runs["int4"](), runs["int4-tiled"]())
-        return runs, f"{_kind(cfg):9}/{_kind(cfg_t):9}", " | the same bits" if same else ""
+        return runs, f"{_kind(cfg):9}/{_kind(cfg_t):9}", ""
 
     _ab_over_shapes(deadline, "int4 (row-major) against int4-tiled through the dispatch (tiled-wg: tall weights' 9-16 "
                     "rows on wgmma_int4; " + ", ".join(TILED_NEIGHBOURS) + ": the tiled mma config changed)",
