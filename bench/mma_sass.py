@@ -5,8 +5,8 @@ mix, and the order of its loads (L) and mmas (H).
     python bench/mma_sass.py [--configs mt1-nt1-u2 mt2-nt1-u2 mt1-nt2-u1] [--k 4096] [--lora]
 
 A config is mt{row tiles a warp}-nt{n8 tiles of activation rows: 1 up to 8 rows, 2 up to 16}-u{K tiles a step}, -p
-for the word-pair lane layout (GemvConfig.mma_word_pairs), -i for the warps on alternate K steps (mma_interleave_k)
-and -t for int4-tiled weights (quant/formats/tiled.py).
+for the word-pair lane layout (GemvConfig.mma_word_pairs), -i for the warps on alternate K steps (mma_interleave_k),
+-t for int4-tiled weights (quant/formats/tiled.py) and -r<N> for a cap of N registers a thread (GemvConfig.maxnreg).
 
 Why: the device's triton (3.6) and this machine's (3.9) bundle different ptxas, and they allocated the same loop 117
 and 80 registers (bench/RESULTS.md, "Kernels", twenty-seventh session). With another triton unpacked in a directory
@@ -58,17 +58,20 @@ class Loop:
         return "".join("L" if i.startswith("LDG") else "H" for i in self.instructions if i.startswith(("LDG", "HMMA")))
 
 
-def parse_config(name: str) -> tuple[int, int, int, bool, bool, bool]:
-    m = re.fullmatch(r"mt(\d)-nt([12])-u([124])(-p)?(-i)?(-t)?", name)
+def parse_config(name: str) -> tuple[int, int, int, bool, bool, bool, int | None]:
+    m = re.fullmatch(r"mt(\d)-nt([12])-u([124])(-p)?(-i)?(-t)?(?:-r(\d+))?", name)
     if not m:
-        raise SystemExit(f"config {name!r}: expected mt<row tiles>-nt<1|2>-u<1|2|4>[-p][-i][-t], e.g. mt1-nt1-u2")
+        raise SystemExit(f"config {name!r}: expected mt<row tiles>-nt<1|2>-u<1|2|4>[-p][-i][-t][-r<registers>], "
+                         "e.g. mt1-nt1-u2")
     return (int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4)), bool(m.group(5)),
-            bool(m.group(6)))  # fmt: skip
+            bool(m.group(6)), int(m.group(7)) if m.group(7) else None)  # fmt: skip
 
 
 def compile_sass(mt: int, nt: int, u: int, k: int, lora: bool = False, num_warps: int = 8,
-                 pairs: bool = False, interleave: bool = False, tiled: bool = False) -> tuple[str, str]:  # fmt: skip
-    """(SASS, cuobjdump's resource usage) of _gemv_mma_kernel for sm_90a, int4 g32 weights with K = k."""
+                 pairs: bool = False, interleave: bool = False, tiled: bool = False,
+                 maxnreg: int | None = None) -> tuple[str, str]:  # fmt: skip
+    """(SASS, cuobjdump's resource usage) of _gemv_mma_kernel for sm_90a, int4 g32 weights with K = k, under a cap
+    of maxnreg registers a thread (GemvConfig.maxnreg) if given."""
     names = list(inspect.signature(gemv_mma._gemv_mma_kernel.fn).parameters)
     cfg = GemvConfig(16, 16 * mt, 128, mma=True, mma_tiles=u, l2_prefetch=128, mma_word_pairs=pairs,
                      mma_interleave_k=interleave)
@@ -77,7 +80,8 @@ def compile_sass(mt: int, nt: int, u: int, k: int, lora: bool = False, num_warps
     sig = {n: "constexpr" if n in const else _POINTERS.get(n, "i32") for n in names}
     src = ASTSource(fn=gemv_mma._gemv_mma_kernel, signature=sig,
                     constexprs={(names.index(n),): v for n, v in const.items()})  # fmt: skip
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    options = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
@@ -108,9 +112,9 @@ def main_loop(sass: str, usage: str, products: int) -> Loop:
 
 
 def analyse(name: str, k: int, lora: bool = False) -> Loop:
-    mt, nt, u, pairs, interleave, tiled = parse_config(name)
-    return main_loop(*compile_sass(mt, nt, u, k, lora, pairs=pairs, interleave=interleave, tiled=tiled),
-                     products=mt * u)
+    mt, nt, u, pairs, interleave, tiled, maxnreg = parse_config(name)
+    return main_loop(*compile_sass(mt, nt, u, k, lora, pairs=pairs, interleave=interleave, tiled=tiled,
+                                   maxnreg=maxnreg), products=mt * u)  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -120,11 +124,11 @@ def main(argv=None) -> None:
     p.add_argument("--lora", action="store_true", help="with the LoRA epilogue")
     args = p.parse_args(argv)
     print(f"triton {triton.__version__} ({os.path.dirname(triton.__file__)}), sm_90a, K = {args.k}")
-    print(f"{'config':12} {'regs':>4} {'local':>5} {'loop':>5} {'/tile':>6}  mix; loads (L) and mmas (H) in order")
+    print(f"{'config':16} {'regs':>4} {'local':>5} {'loop':>5} {'/tile':>6}  mix; loads (L) and mmas (H) in order")
     for name in args.configs:
         loop = analyse(name, args.k, args.lora)
         mix = ", ".join(f"{op} {n}" for op, n in loop.mix().most_common(6))
-        print(f"{name:12} {loop.registers:4d} {loop.local_bytes:5d} {len(loop.instructions):5d} "
+        print(f"{name:16} {loop.registers:4d} {loop.local_bytes:5d} {len(loop.instructions):5d} "
               f"{loop.per_product:6.1f}  {mix}; {loop.order()}")  # fmt: skip
 
 
