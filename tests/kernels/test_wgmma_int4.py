@@ -244,7 +244,7 @@ def test_against_fp64_where_dense_gemm_sends_it(fmt, n, k, m, monkeypatch):
     assert_within(y, ref_b, 2.0**-8 * ref_b.abs() + k * 2.0**-23 * (x.double().abs() @ wb.abs().T))
     # The split partials are summed in a fixed order: a second launch is bit-identical.
     assert torch.equal(kernels.dequant_linear(x, fmt, packed), y)
-    if fmt.endswith("-tiled"):  # its boxes land in shared memory as the row-major ones: the row-major run's bits
+    if fmt.endswith("-tiled"):  # decoded into the operand places of the row-major words: the row-major run's bits
         assert torch.equal(kernels.dequant_linear(x, *row_major(fmt, packed)), y)
 
 

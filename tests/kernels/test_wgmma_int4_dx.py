@@ -171,7 +171,7 @@ def test_dense_dx_meets_the_bf16_weight_oracle(parts, fmt):
     ref = dy.double() @ wb
     assert_within(out[:t, :k], ref, _bound(dy, wb, ref))
     assert out[t:].isnan().all() and out[:, k:].isnan().all()
-    if w.tiled:  # its boxes land in shared memory as the row-major ones: the row-major run's bits
+    if w.tiled:  # decoded into the operand places of the row-major words: the row-major run's bits
         rows = resolve(*row_major(fmt, packed), stacked=False)
         assert torch.equal(wdx.wgmma_int4_dx(dy, rows, torch.empty_like(out[:t, :k]), tile=_tile(parts)),
                            out[:t, :k])  # fmt: skip
