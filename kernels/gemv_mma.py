@@ -13,7 +13,8 @@ programs, whose partials, ticket and final sum add a 2.5-3.3 us tail to every la
   row g is the mma's column g, so M <= 8 is one n8 tile (the weight work of M = 1) and M <= 16 two.
 - It decodes the words with dequant.py's packed-bf16 instructions (the same bf16 weights the other kernels
   multiply) straight into mma A registers; register j of a word holds nibbles j and j + 4, so x is paired the same
-  way. 8 m16n8k16 mmas per row tile, n8 tile and K tile.
+  way (int4-tiled stores values 2j, 2j + 1 there, x's own pairs: tile_asm). 8 m16n8k16 mmas per row tile, n8 tile
+  and K tile.
 - U adjacent K tiles per step (GemvConfig.mma_tiles), the next step's loaded meanwhile, and under PDL the first
   step's weights load before the wait for the previous kernel. With U = 2 a quad of lanes reads a row's whole
   128-byte line per step; with one tile, half a line, and the other half a step later, which measured slower.
