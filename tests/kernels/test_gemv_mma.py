@@ -16,11 +16,13 @@ from orbit_lightning.kernels import configs, gemm, gemv
 from orbit_lightning.kernels.configs import GemvConfig
 from orbit_lightning.kernels.formats import resolve
 from orbit_lightning.kernels.gemv_lora import LoraDelta
-from orbit_lightning.kernels.gemv_mma import _decode, mma_split, warps_for
+from orbit_lightning.kernels.gemv_mma import _decode, mma_split, tile_asm, warps_for
 
 from orbit_lightning import kernels
+from orbit_lightning.quant.formats import get_format
+from orbit_lightning.quant.formats.tiled import tile_tensor
 from tests.kernels.kernel_oracles import assert_within, gpu, matmul_bound, random_weight, row_major
-from tests.kernels.ptx_text import int4_decode_cases, int4_decoded_bits, run_ptx
+from tests.kernels.ptx_text import int4_decode_cases, int4_decoded_bits, run_ptx, run_ptx_warp
 from tests.kernels.test_gemv_lora import _adapters, _oracle
 
 
@@ -113,6 +115,56 @@ def test_decode_text_matches_the_int4_format():
         regs = run_ptx(text, {"$0": word.item() & 0xFFFFFFFF, "$1": bits | bits << 16})
         for j in range(4):
             assert regs[f"a{j}"] == want[j].item() | want[j + 4].item() << 16, (hex(word.item()), j)
+
+
+@pytest.mark.parametrize("nt", [1, 2])
+@pytest.mark.parametrize("pairs", [False, True], ids=["words", "pairs"])
+@pytest.mark.parametrize("tiled", [False, True], ids=["row-major", "tiled"])
+def test_tile_text_multiplies_a_row_tile(nt, pairs, tiled):
+    """tile_asm's whole PTX for one row tile x one K tile, run for the 32 lanes of a warp (the mma exchanged across
+    them as the PTX ISA defines its fragments), from registers loaded as the kernel's lanes load them (row-major
+    words or int4-tiled's pair order; the words or the word-pair lane layout; 8 or 16 activation rows): D = C + the
+    products of the int4 format's own bf16 weights and the activations, within fp32 rounding. A value paired with
+    the wrong activation (a nibble order or permute astray) is off by the size of the products themselves."""
+    fmt = get_format("int4")  # g32: a lane's 32 values (or each pair of words) one group
+    packed = fmt.random_packed((16, 128), generator=torch.Generator().manual_seed(nt + 2 * pairs + 4 * tiled))
+    w = fmt.dequantize(packed, torch.bfloat16).double()  # [16 rows, 128]
+    words = tile_tensor("weight_packed", packed["weight_packed"]) if tiled else packed["weight_packed"]
+    words, scale = words.tolist(), packed["weight_scale"].view(torch.int16).tolist()  # [16, 16], [16, 4] bits
+    x = torch.randn(8 * nt, 128, generator=torch.Generator().manual_seed(7)).bfloat16()
+    xbits = x.view(torch.int16).int() & 0xFFFF
+    c0 = torch.randn(8 * nt, 16, generator=torch.Generator().manual_seed(8)).float()  # C [columns, rows]
+    base = 4 * nt  # operands: D (4 nt), words (8), scales (2 h or 4 bf16x2), x (16 a tile), C (4 nt)
+    xs = base + (12 if pairs else 10)
+    lanes = []
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        cols = [4 * t + i for i in range(4)] if not pairs else [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]
+        ks = [8 * c for c in cols]  # each word's first K
+        regs = {f"${base + i}": words[g][c] & 0xFFFFFFFF for i, c in enumerate(cols)}
+        regs.update({f"${base + 4 + i}": words[g + 8][c] & 0xFFFFFFFF for i, c in enumerate(cols)})
+        if pairs:  # bf16x2 of each row's scale for its first and second pair of words
+            for i, (row, k) in enumerate(((g, ks[0]), (g, ks[2]), (g + 8, ks[0]), (g + 8, ks[2]))):
+                bits = scale[row][k // 32] & 0xFFFF
+                regs[f"${base + 8 + i}"] = bits | bits << 16
+        else:
+            regs[f"${base + 8}"], regs[f"${base + 9}"] = scale[g][t] & 0xFFFF, scale[g + 8][t] & 0xFFFF
+        for j in range(nt):  # activation row g + 8 j, the words' K values in pairs
+            for i in range(16):
+                k = ks[i // 4] + 2 * (i % 4)
+                regs[f"${xs + 16 * j + i}"] = xbits[g + 8 * j, k].item() | xbits[g + 8 * j, k + 1].item() << 16
+            for i, (row, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+                regs[f"${xs + 16 * nt + 4 * j + i}"] = c0[8 * j + col, row].item()
+        lanes.append(regs)
+    out = run_ptx_warp(tile_asm(nt, pairs, tiled), lanes)
+    ref = c0.double() + x.double() @ w.T  # [columns, rows]
+    bound = 2.0**-20 * (c0.double().abs() + x.double().abs() @ w.abs().T)
+    for lane, regs in enumerate(out):
+        g, t = lane // 4, lane % 4
+        for j in range(nt):
+            for i, (row, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+                got, want = regs[f"${4 * j + i}"], ref[8 * j + col, row].item()
+                assert abs(got - want) <= bound[8 * j + col, row].item(), (lane, j, i, got, want)
 
 
 def _tickets(n: int) -> torch.Tensor:
