@@ -31,6 +31,7 @@ TILE_K = 128
 SCALE_GROUPS = 8  # scale groups a block row (16 bytes: TMA's smallest box row)
 TILED_KEYS = ("weight_packed", "weight_scale")  # the int4 tensors the layout reorders (weight_shape is not per row)
 NIBBLE_OF_VALUE = (0, 4, 1, 5, 2, 6, 3, 7)  # the nibble of a tiled word that holds its value j (row-major: j)
+_VALUE_OF_NIBBLE = tuple(NIBBLE_OF_VALUE.index(n) for n in range(8))  # its inverse: the value nibble n holds
 
 
 def tiled_blocker(shape: tuple[int, ...], group: int) -> str | None:
@@ -73,7 +74,7 @@ def tile_tensor(key: str, t: Tensor) -> Tensor:
     if key not in TILED_KEYS:
         return t
     if key == "weight_packed":  # nibble NIBBLE_OF_VALUE[j] takes value j
-        t = _move_nibbles(t, tuple(NIBBLE_OF_VALUE.index(j) for j in range(8)))
+        t = _move_nibbles(t, _VALUE_OF_NIBBLE)
     return _blocks(t, _per_block(key)).transpose(-3, -2).contiguous().reshape(t.shape)
 
 
