@@ -26,7 +26,7 @@ Under Triton's interpreter the PTX helpers are emulated with the same per-lane r
 that use them run in CPU tests.
 
 ~320 instructions per 4096 weights at M = 1 and ~400 at 16 rows (sm_90 SASS of the main loop: 161 / 202 a row
-tile and K tile; 143.5 / 179 on int4-tiled, whose nibble order spares the activations' permutes: tile_asm), none
+tile and K tile; 143.5 / 173 on int4-tiled, whose nibble order spares the activations' permutes: tile_asm), none
 through shared memory. Products are fp32 and the order of the sum is
 fixed, so results are bitwise reproducible run to run; they equal the other kernels' up to the order of the fp32
 summation. The LoRA epilogue (the adapters in the same launch, gemv_lora.py) is gemv_out.py's, on tiles.
@@ -359,7 +359,15 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W: tl
     # from the trip's first group: the block it lies in and its place in the block's row (a few integer operations).
     TRIP_GROUPS: tl.constexpr = KSTEP * U * (_TILE_K // GROUP)
     BY_GROUP: tl.constexpr = TILED and TRIP_GROUPS % _SCALE_GROUPS != 0
-    if BY_GROUP:
+    # Half a block row a trip from a half-row boundary (9-16 rows at g32: one K tile a step; a warp's first group a
+    # multiple of the trip's where its K tiles are adjacent): the trips alternate between the two halves of a block
+    # row, so the advance alternates between two constants that sum to a block (sm_90 SASS at 16 rows: 179 -> 172
+    # instructions a tile under triton 3.6, 180 -> 173 under 3.9; the registers unchanged).
+    HALVES: tl.constexpr = BY_GROUP and KSTEP == 1 and 2 * TRIP_GROUPS == _SCALE_GROUPS
+    if HALVES:
+        into_next = (k_lo // GROUP) % _SCALE_GROUPS >= TRIP_GROUPS  # the first trip starts in the second half
+        step = tl.where(into_next, _S_BLOCK - 2 * TRIP_GROUPS, 2 * TRIP_GROUPS)
+    elif BY_GROUP:
         g_lo = k_lo // GROUP
         s_row = _advance(s_lane, -_s_groups(g_lo, TILED))
     x_nxt = _load_xs(x_lane, U, NT, PAIRS)
@@ -373,7 +381,10 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W: tl
     # in the thirty-sixth session, as in the twenty-eighth: bench/RESULTS.md; the code is at 2b1fc3b.)
     for _i in range(U, tiles_per_warp, U):
         w_lane = _advance(w_lane, KSTEP * U * _w_ktile(TILED))
-        if BY_GROUP:
+        if HALVES:
+            s_lane = _advance(s_lane, step)
+            step = _S_BLOCK - step
+        elif BY_GROUP:
             s_lane = _advance(s_row, _s_groups(g_lo + (_i // U) * TRIP_GROUPS, TILED))
         else:
             s_lane = _advance(s_lane, _s_ktiles(KSTEP * U, TILED, GROUP))
