@@ -2,7 +2,7 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
-#   host trigger lora ktests trace rtests etests graphs wgmma ncu)
+#   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -58,6 +58,15 @@ for s in $sections; do
                --prompt-len 512 --batches 1 16 --no-hf --profile 8 --trace /tmp/traces >"$OUT/trace.log" 2>&1
              for f in /tmp/traces/*.json; do echo "== $f"; python3 bench/trace_gaps.py "$f"; done >>"$OUT/trace.log" 2>&1 ;;
     lora)    timeout 100 python3 bench/gemv_sweep.py --sections lora >"$OUT/lora.log" 2>&1 ;;
+    # int4-tiled (quant/formats/tiled.py) against row-major int4: its GPU cases, the dispatch A/B at 1 and 16 rows,
+    # then the issue's decode command in both layouts (~500 s: one call). tiledwide: 64-4096 rows and the MoE section.
+    tiled)   timeout 120 python3 -m pytest -q -m gpu -k "tiled or TILED" tests/kernels tests/quant -p no:cacheprovider \
+               >"$OUT/tiled_tests.log" 2>&1
+             timeout 150 python3 bench/mma_sweep.py --sections tiled --budget 120 >"$OUT/tiled_sweep.log" 2>&1
+             for lay in tiled row-major; do timeout 110 python3 bench/kernels.py --sections dense --m 1 16 \
+               --int4-layout $lay --budget 80 >"$OUT/dense_$lay.log" 2>&1; done ;;
+    tiledwide) for lay in tiled row-major; do timeout 140 python3 bench/kernels.py --sections dense,moe \
+               --m 64 256 4096 --int4-layout $lay --budget 110 >"$OUT/wide_$lay.log" 2>&1; done ;;
     host)    timeout 120 python3 bench/engine_host.py --batches 1 64 256 >"$OUT/host.log" 2>&1 ;;
     attnwarps) for w in 4 8; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 16 --no-hf --attn-warps $w --profile 8; done \
@@ -80,5 +89,7 @@ grep -E "^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/gaps.log" 2>/dev/nul
 grep -E "^batch" "$OUT/host.log" 2>/dev/null
 grep -E "^ORBIT|^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/trigger.log" 2>/dev/null
 grep -vE "^\s*$" "$OUT/lora.log" 2>/dev/null | tail -12
+grep -E "passed|failed|FAILED|Error" "$OUT/tiled_tests.log" 2>/dev/null | tail -4
+grep -E "geomean" "$OUT/tiled_sweep.log" "$OUT"/dense_*.log "$OUT"/wide_*.log 2>/dev/null
 sed -n '/^== \/tmp/,$p' "$OUT/trace.log" 2>/dev/null | head -60
 grep -E '"eval/(accuracy|pass@)' "$OUT/default.log" 2>/dev/null | head -12
