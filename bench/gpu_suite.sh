@@ -60,7 +60,7 @@ for s in $sections; do
     lora)    timeout 100 python3 bench/gemv_sweep.py --sections lora >"$OUT/lora.log" 2>&1 ;;
     # int4-tiled (quant/formats/tiled.py) against row-major int4: its GPU cases, the dispatch A/B at 1 and 16 rows,
     # then the decode command in both layouts (~500 s: one call). tiledwide: 64-4096 rows and the MoE section.
-    tiled)   timeout 120 python3 -m pytest -q -m gpu -k "tiled or TILED" tests/kernels tests/quant -p no:cacheprovider \
+    tiled)   timeout 120 python3 -m pytest -q -m gpu -k "tiled or TILED" tests/kernels tests/quant -n 4 -p no:cacheprovider \
                >"$OUT/tiled_tests.log" 2>&1
              timeout 150 python3 bench/mma_sweep.py --sections tiled --budget 120 >"$OUT/tiled_sweep.log" 2>&1
              for lay in tiled row-major; do timeout 110 python3 bench/kernels.py --sections dense --m 1 16 \
