@@ -26,10 +26,10 @@ Under Triton's interpreter the PTX helpers are emulated with the same per-lane r
 that use them run in CPU tests.
 
 ~320 instructions per 4096 weights at M = 1 and ~400 at 16 rows (sm_90 SASS of the main loop: 161 / 202 a row
-tile and K tile; 143.5 / 173 on int4-tiled, whose nibble order spares the activations' permutes: tile_asm), none
-through shared memory. Products are fp32 and the order of the sum is
-fixed, so results are bitwise reproducible run to run; they equal the other kernels' up to the order of the fp32
-summation. The LoRA epilogue (the adapters in the same launch, gemv_lora.py) is gemv_out.py's, on tiles.
+tile and K tile; 143.5 / 172 on int4-tiled under triton 3.6, whose nibble order spares the activations'
+permutes: tile_asm), none through shared memory. Products are fp32 and the order of the sum is fixed, so results
+are bitwise reproducible run to run; they equal the other kernels' up to the order of the fp32 summation. The LoRA
+epilogue (the adapters in the same launch, gemv_lora.py) is gemv_out.py's, on tiles.
 """
 
 from __future__ import annotations
