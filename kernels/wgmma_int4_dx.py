@@ -120,7 +120,7 @@ def _dx_load_partition(dy_desc, w_desc, s_desc, dy_smem, w_smem, s_smem, ready, 
                        GROUP: gl.constexpr, STAGES: gl.constexpr, PARTS: gl.constexpr, TILED: gl.constexpr):
     """One warp: each step's dy, words (a box per MMA partition: each takes its own columns of K) and scales (TILED:
     int4-tiled's, wgmma_common.packed_desc)."""
-    PC: gl.constexpr = w_desc.block_type.shape[1]  # word columns per partition
+    PC: gl.constexpr = w_desc.block_type.shape[-1]  # word columns per partition (the box's last dim, 2-D or 4-D)
     for i in range(n_steps):
         slot = i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
