@@ -2,7 +2,7 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
-#   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide)
+#   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide layout)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -67,6 +67,10 @@ for s in $sections; do
                --int4-layout $lay --budget 80 >"$OUT/dense_$lay.log" 2>&1; done ;;
     tiledwide) for lay in tiled row-major; do timeout 140 python3 bench/kernels.py --sections dense,moe \
                --m 64 256 4096 --int4-layout $lay --budget 110 >"$OUT/wide_$lay.log" 2>&1; done ;;
+    # model.int4_layout's end-to-end effect: decode of an 8-layer Qwen3-8B, int4 stored tiled (auto) and row-major
+    layout)  for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rollout.py \
+               --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --batches 1 16 64 \
+               --no-hf --int4-layout $lay; done >"$OUT/layout.log" 2>&1 ;;
     host)    timeout 120 python3 bench/engine_host.py --batches 1 64 256 >"$OUT/host.log" 2>&1 ;;
     attnwarps) for w in 4 8; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 16 --no-hf --attn-warps $w --profile 8; done \

@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (smoke tests)")
     ap.add_argument("--quant", default="int4", help="the base's format; 'bf16' keeps the base unquantized (baseline)")
+    ap.add_argument("--int4-layout", default="auto", choices=("auto", "row-major", "tiled"),
+                    help="how int4 is stored (model.int4_layout; auto: tiled on CUDA)")
     ap.add_argument("--expert-chunk", type=int, default=None,
                     help="routed experts per dequantized chunk (model.expert_chunk; default: what 1 GiB holds)")
     ap.add_argument("--deterministic", action="store_true",
@@ -61,7 +63,8 @@ def main() -> None:
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     over = {"num_hidden_layers": args.layers} if args.layers else {}
     t0 = time.perf_counter()
-    model = load_model(args.shape, quant=None if args.quant == "bf16" else args.quant, dtype=dtype, device=dev, **over)
+    model = load_model(args.shape, quant=None if args.quant == "bf16" else args.quant, int4_layout=args.int4_layout,
+                       dtype=dtype, device=dev, **over)
     if args.expert_chunk is not None:
         from orbit_lightning.build import set_expert_chunks
         from orbit_lightning.models.moe import DEFAULT_CHUNK_MIB

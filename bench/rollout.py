@@ -55,6 +55,8 @@ def parse_args() -> argparse.Namespace:
                     help="preset config overrides, e.g. num_hidden_layers=8 hidden_size=1024")
     ap.add_argument("--quant", default="int4",
                     help="the base's format; 'bf16' keeps the base unquantized in --dtype (the baseline)")
+    ap.add_argument("--int4-layout", default="auto", choices=("auto", "row-major", "tiled"),
+                    help="how int4 is stored (model.int4_layout; auto: tiled on CUDA)")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-targets", default="all-linear", help="'all-linear' or a comma list of module names")
     ap.add_argument("--device", default="cuda")
@@ -146,7 +148,8 @@ def weight_bytes_per_step(model, batch: int, slot: str = "slot0") -> float:
 
 def lora_model(args, preset: str):
     quant = None if args.quant == "bf16" else args.quant
-    model = load_model(preset, quant=quant, device=args.device, dtype=args.dtype, **args.override)
+    model = load_model(preset, quant=quant, int4_layout=args.int4_layout, device=args.device, dtype=args.dtype,
+                       **args.override)
     targets = args.lora_targets if args.lora_targets == "all-linear" else args.lora_targets.split(",")
     add_adapter(model, peft.LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules=targets))
     with torch.no_grad():  # a nonzero B so that the adapter really runs (PEFT initialises B to zero)

@@ -56,7 +56,7 @@ def build_model(spec: ModelSpec, adapter: AdapterSpec | None):
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"model.dtype={spec.dtype!r} is not a torch dtype (use float32 or bfloat16)")
     model = load_model(resolve_model_path(spec.path), dtype=dtype, device=resolve_device(spec.device),
-                       quant=spec.quant, **spec.overrides)
+                       quant=spec.quant, int4_layout=spec.int4_layout, **spec.overrides)
     set_expert_chunks(model, spec.expert_chunk, spec.expert_chunk_mib)
     if adapter is not None:
         add_adapter(model, peft_config(adapter))

@@ -16,8 +16,11 @@ from .rl.config import OptimConfig, RolloutConfig
 class ModelSpec:
     path: str = "orbit-tiny-moe"  # a HF checkpoint dir, a preset name, or the shipped "orbit-tiny-moe"
     # int4 | int4-g64 | int4-g128 | fp8 | mxfp4 | nvfp4 | nf4 | null (no packing); int4*-tiled: the decode kernels'
-    # block layout of the same int4 values (quant/formats/tiled.py; CUDA decode is faster, bench/RESULTS.md)
+    # block layout of the same int4 values (quant/formats/tiled.py), whatever int4_layout says
     quant: str | None = "int4"
+    # How int4 is stored: auto (the tiled layout on CUDA, where decode is faster; row-major on the CPU) | row-major |
+    # tiled. Checkpoints and exports stay row-major either way.
+    int4_layout: str = "auto"
     dtype: str = "float32"  # compute dtype of activations, dequantized tiles and the adapter
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     expert_chunk: int = 0  # active experts dequantized per grouped call (large batches); 0: what expert_chunk_mib holds
@@ -144,6 +147,11 @@ class ExperimentConfig:
         if self.model.expert_chunk < 0 or self.model.expert_chunk_mib < 1:
             raise ValueError(f"model.expert_chunk must be >= 0 (0: as many as fit) and model.expert_chunk_mib >= 1, "
                              f"got {self.model.expert_chunk} and {self.model.expert_chunk_mib}")
+        import torch
+
+        from .quant.formats import int4_storage_name
+
+        int4_storage_name(self.model.quant, self.model.int4_layout, torch.device("cpu"))  # (names a bad pair here)
         if self.data.source in ("", MISSING):
             raise ValueError("data.source is required: arithmetic (data=arithmetic), or a .jsonl/.json file or a "
                              "datasets directory (data=jsonl data.source=PATH)")

@@ -34,7 +34,7 @@ def plan_memory(cfg: ExperimentConfig) -> str:
 
     dtype = getattr(torch, cfg.model.dtype)
     model = load_model(resolve_model_path(cfg.model.path), dtype=dtype, device="meta", quant=cfg.model.quant,
-                       **cfg.model.overrides)
+                       int4_layout=cfg.model.int4_layout, **cfg.model.overrides)
     set_expert_chunks(model, cfg.model.expert_chunk, cfg.model.expert_chunk_mib)
     add_adapter(model, peft_config(cfg.adapter), slots=("slot0", "slot1"))
     mc = model.config

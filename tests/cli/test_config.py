@@ -57,6 +57,7 @@ def test_print_config_subcommand():
     ("rollout.top_p=0", "rollout.top_p must be in (0, 1]"),
     ("data=jsonl", "data.source has no value; set it: data.source=<value>"),  # not the default's arithmetic
     ("strategy.name=dedicated", "strategy=dedicated needs strategy.rollout_device"),
+    ("model.int4_layout=sideways", "model.int4_layout='sideways': expected one of auto, row-major, tiled"),
 ])
 def test_bad_config_fails_at_startup_with_a_clear_message(arg, message):
     out = run_cli(arg)

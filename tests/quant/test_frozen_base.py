@@ -57,20 +57,23 @@ def test_packed_export_roundtrips_through_a_prequantized_checkpoint(tmp_path):
             "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}},
         "ignore": ["lm_head"]}
     (out / "config.json").write_text(json.dumps(cfg))
-    again = load_model(out, dtype=torch.float32)
+    again = load_model(out, dtype=torch.float32)  # (int4_layout=auto: row-major on the CPU)
+    assert {m.fmt.name for m in again.modules() if hasattr(m, "fmt")} == {"int4"}
     for (k, a), b in zip(packed.items(), export_hf_state_dict(again, dequantize=False).values()):
         assert torch.equal(a, b), k
     with pytest.raises(ValueError, match="already quantized"):
         load_model(out, quant="fp8")
     # The same checkpoint into the tiled layout of its int4 (the same values, reordered as they load; its shapes
     # make whole blocks), and out again as compressed-tensors' row-major tensors.
-    tiled = load_model(out, quant="int4-tiled", dtype=torch.float32)
-    assert {m.fmt.name for m in tiled.modules() if hasattr(m, "fmt")} == {"int4-tiled"}
-    for (k, a), b in zip(packed.items(), export_hf_state_dict(tiled, dequantize=False).values()):
-        assert torch.equal(a, b), k
+    # (by name, or as int4_layout=tiled asks of the checkpoint's own int4: what auto does on CUDA)
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.equal(tiled(ids), again(ids))
+    for tiled in (load_model(out, quant="int4-tiled", dtype=torch.float32),
+                  load_model(out, int4_layout="tiled", dtype=torch.float32)):
+        assert {m.fmt.name for m in tiled.modules() if hasattr(m, "fmt")} == {"int4-tiled"}
+        for (k, a), b in zip(packed.items(), export_hf_state_dict(tiled, dequantize=False).values()):
+            assert torch.equal(a, b), k
+        with torch.no_grad():
+            assert torch.equal(tiled(ids), again(ids))
 
 
 def test_only_adapter_receives_gradients():

@@ -111,3 +111,16 @@ def test_tiled_int4_layers_give_row_major_bits_at_every_row_count():
         else:
             assert torch.equal(outs[0], outs[1]), m
         assert torch.equal(grads[0], grads[1]), m
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_int4_loads_tiled_on_cuda_unless_asked_for_row_major():
+    """model.int4_layout=auto: an int4 model built on CUDA stores its tileable layers in int4-tiled (the decode
+    kernels' layout), its narrow ones row-major; row-major on request."""
+    from orbit_lightning import load_model
+
+    shape = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, head_dim=64)
+    names = {layout: {m.fmt.name for m in load_model("tiny-qwen3-moe", device="cuda", quant="int4",
+                                                     int4_layout=layout, **shape).modules() if hasattr(m, "fmt")}
+             for layout in ("auto", "row-major")}
+    assert "int4-tiled" in names["auto"] and names["row-major"] == {"int4"}

@@ -34,15 +34,17 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     quant: str | None = None,
+    int4_layout: str = "auto",
     seed: int = 0,
     **config_overrides,
 ) -> CausalLM:
     """Load a HF checkpoint dir or build a preset. `quant` in {"int4", "int4-g64", "int4-g128", "fp8", "mxfp4",
     "nvfp4", "nf4"} (or an int4 name ending in -tiled: the decode kernels' block layout, quant/formats/tiled.py) keeps
     linear layers and routed experts packed; a pre-quantized checkpoint loads as is (or, asked for the tiled layout
-    of its int4, reordered as it loads)."""
+    of its int4, reordered as it loads). `int4_layout` (auto | row-major | tiled): how int4 is stored; auto is the
+    tiled layout on CUDA (quant/formats/int4.py, int4_storage_name), row-major elsewhere."""
     from ..quant.apply import DEFAULT_SKIP, checkpoint_format, checkpoint_skip, quantize_model
-    from ..quant.formats import get_format
+    from ..quant.formats import get_format, int4_storage_name
 
     device = torch.device(device or "cpu")
     name = str(path_or_preset)
@@ -55,10 +57,10 @@ def load_model(
     cfg = ModelConfig.from_hf(hf)
     dtype = dtype or _config_dtype(hf)
     ckpt_fmt = checkpoint_format(hf)  # a QuantFormat when the checkpoint itself is packed
-    fmt_name = quant or (ckpt_fmt.name if ckpt_fmt else None)
     if ckpt_fmt is not None and quant is not None and not get_format(quant).same_values(ckpt_fmt):
         raise ValueError(f"checkpoint {name} is already quantized as {ckpt_fmt.name!r}; load it with "
                          f"quant=None or quant={ckpt_fmt.name!r} (re-quantizing to {quant!r} is lossy)")
+    fmt_name = int4_storage_name(quant or (ckpt_fmt.name if ckpt_fmt else None), int4_layout, device)
 
     with torch.device("meta"):
         model = CausalLM(cfg)

@@ -2,11 +2,13 @@
 element by element, the same values as the row-major layout, the shapes that fall back to it, and the checkpoint
 boundary."""
 
+import re
+
 import pytest
 import torch
 
 from orbit_lightning.quant.experts import QuantExperts
-from orbit_lightning.quant.formats import get_format
+from orbit_lightning.quant.formats import get_format, int4_storage_name
 from orbit_lightning.quant.formats.tiled import tile_tensor, untile_tensor
 from orbit_lightning.quant.fusion import fuse_rows
 from orbit_lightning.quant.linear import QuantLinear
@@ -64,6 +66,31 @@ def test_shapes_the_layout_cannot_hold_stay_row_major():
     assert QuantLinear(512, 48, "int4-g128-tiled").fmt.name == "int4-g128"  # a scale block row is 8 groups of 128
     assert QuantExperts(4, 256, 96, "int4-tiled").fmt.name == "int4"  # down_proj K = 96: all three row-major
     assert tile_tensor("weight_shape", torch.tensor([48, 256])).tolist() == [48, 256]  # not per row: untouched
+
+
+@pytest.mark.parametrize("asked,layout,device,stored", [
+    ("int4", "auto", "cuda", "int4-tiled"),  # the decode kernels' layout where they run
+    ("int4-g128", "auto", "cuda", "int4-g128-tiled"),
+    ("int4", "auto", "cpu", "int4"),
+    ("int4", "auto", "meta", "int4"),
+    ("int4", "row-major", "cuda", "int4"),
+    ("int4-g64", "tiled", "cpu", "int4-g64-tiled"),
+    ("int4-tiled", "auto", "cpu", "int4-tiled"),  # an explicit tiled name is kept
+    ("fp8", "auto", "cuda", "fp8"),
+    (None, "auto", "cuda", None),
+])
+def test_int4_layout_picks_the_stored_format(asked, layout, device, stored):
+    assert int4_storage_name(asked, layout, torch.device(device)) == stored
+
+
+@pytest.mark.parametrize("asked,layout,message", [
+    ("int4", "sideways", "model.int4_layout='sideways': expected one of auto, row-major, tiled"),
+    ("fp8", "tiled", "model.int4_layout=tiled applies to int4 formats, not quant='fp8'"),
+    ("int4-g64-tiled", "row-major", "use quant='int4-g64' for row-major storage"),
+])
+def test_int4_layout_conflicts_are_named(asked, layout, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        int4_storage_name(asked, layout, torch.device("cpu"))
 
 
 def test_layers_load_row_major_checkpoints_into_the_tiled_layout():

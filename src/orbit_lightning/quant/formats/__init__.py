@@ -11,7 +11,7 @@ from .hf_config import (
     fp8_from_quantization_config,
     int4_from_quantization_config,
 )
-from .int4 import Int4Format, pack_int4, unpack_int4
+from .int4 import INT4_LAYOUTS, Int4Format, int4_storage_name, pack_int4, unpack_int4
 from .metrics import bytes_per_param, print_error_table, quantization_error
 from .mxfp4 import MXFP4Format
 from .nf4 import NF4Format
@@ -21,6 +21,7 @@ from .registry import FORMATS, QuantFormat, get_format, index_leading, register_
 
 __all__ = [
     "FORMATS",
+    "INT4_LAYOUTS",
     "Fp8BlockFormat",
     "Int4Format",
     "MXFP4Format",
@@ -36,6 +37,7 @@ __all__ = [
     "get_format",
     "index_leading",
     "int4_from_quantization_config",
+    "int4_storage_name",
     "pack_int4",
     "pack_nibbles",
     "print_error_table",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .registry import PackedShapes, QuantFormat, float_compute_dtype, register_format
+from .registry import PackedShapes, QuantFormat, float_compute_dtype, get_format, register_format
 from .synthetic import TARGET_STD, random_bytes, scale_jitter
 from .tiled import tile_packed, tile_tensor, tiled_blocker, tiles, untile_packed, untile_tensor
 
@@ -174,3 +174,27 @@ class Int4Format(QuantFormat):
 register_format("int4")(Int4Format)
 for _fmt in [Int4Format(g, tiled) for g in INT4_GROUP_SIZES for tiled in (False, True)][1:]:
     register_format(_fmt.name)(lambda fmt=_fmt: fmt)
+
+
+INT4_LAYOUTS = ("auto", "row-major", "tiled")
+
+
+def int4_storage_name(fmt_name: str | None, layout: str, device: torch.device) -> str | None:
+    """The format a model asked for as `fmt_name` is stored as under `layout` (model.int4_layout) on `device`.
+
+    "auto" stores int4 tiled on CUDA, where the decode kernels read the tiled blocks 8-10 % faster at 1-16 rows and
+    no slower at 64-4096 rows or in the MoE kernels (H100, bench/RESULTS.md, forty-first session), and row-major
+    elsewhere (the CPU paths gain nothing from it). An explicit `int4*-tiled` name is kept; other formats pass."""
+    if layout not in INT4_LAYOUTS:
+        raise ValueError(f"model.int4_layout={layout!r}: expected one of {', '.join(INT4_LAYOUTS)}")
+    fmt = get_format(fmt_name) if fmt_name is not None else None
+    if not isinstance(fmt, Int4Format):
+        if layout == "tiled":
+            raise ValueError(f"model.int4_layout=tiled applies to int4 formats, not quant={fmt_name!r}; leave it at "
+                             f"auto or pick an int4 format")
+        return fmt_name
+    if fmt.tiled and layout == "row-major":
+        raise ValueError(f"quant={fmt_name!r} names the tiled layout but model.int4_layout=row-major; use "
+                         f"quant={Int4Format(fmt.group_size).name!r} for row-major storage")
+    tiled = fmt.tiled or layout == "tiled" or (layout == "auto" and device.type == "cuda")
+    return Int4Format(fmt.group_size, tiled).name
