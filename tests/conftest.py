@@ -8,6 +8,7 @@ interpreter on for the whole CPU test session changes nothing else.
 
 import os
 
+import pytest
 import torch
 
 # Before any test module imports transformers: moves the checkout root (its `kernels/`) behind the HF `kernels`
@@ -16,3 +17,33 @@ import orbit_lightning  # noqa: F401
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# CI runs `-n auto --dist loadfile`: each file goes wholly to one worker, and xdist hands the files out by their
+# number of tests, most first (ties in collection order). The suite's longest files hold 1-3 long tests each, so
+# they came last: the default experiment (~250 s on the 2-core CI machine) was the 5th file from the end, the
+# deterministic run and the engine = trainer interpreter runs (~5 min together) shortly before it, and the run
+# ended with one worker on them while the other had nothing left. Hand them out first instead; the many short files
+# then fill in around them and both workers finish together. Only the order changes (a path not collected, e.g.
+# after a rename, is skipped); keep the list to the files of minutes.
+HEAVY_FILES = (
+    "tests/integration/test_deterministic_mode.py",
+    "tests/integration/test_default_experiment.py",
+    "tests/rollout/test_invariance.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class HeavyFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            for scope in reversed(HEAVY_FILES):  # the first assignment moves them to the queue's front, in order
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return HeavyFirst(config, log)
