@@ -18,6 +18,15 @@ import orbit_lightning  # noqa: F401
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Each xdist worker is a process, and torch takes one thread per core in each: on CI's 2 cores, 2 workers ran 4 busy
+# threads, and a test that shared the cores that way ran far slower (the shortened default experiment, 2 threads of
+# its own: 656 s beside the interpreter runs, ~250 s before). A worker, and what it starts (OMP_NUM_THREADS reaches
+# subprocesses), takes its share of the cores instead.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(WORKER_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
+
 
 # CI runs `-n auto --dist loadfile`: each file goes wholly to one worker, and xdist hands the files out by their
 # number of tests, most first (ties in collection order). The suite's longest files hold 1-3 long tests each, so

@@ -4,14 +4,16 @@ import csv
 import json
 
 import pytest
+import torch
 
 from tests.integration.cli_runs import run
 
 
 @pytest.mark.slow
 def test_shortened_default_experiment_learns(tmp_path):
-    out = run("trainer.max_steps=150", "trainer.eval_every=150", f"trainer.output_dir={tmp_path}", "trainer.threads=2",
-              timeout=1200)
+    # (the threads this process may use: all the cores alone, its share under xdist, tests/conftest.py)
+    out = run("trainer.max_steps=150", "trainer.eval_every=150", f"trainer.output_dir={tmp_path}",
+              f"trainer.threads={torch.get_num_threads()}", timeout=1200)
     with open(tmp_path / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     evals = [float(r["eval/accuracy"]) for r in rows if r.get("eval/accuracy")]
