@@ -26,6 +26,8 @@ _spec.loader.exec_module(switches)
 
 
 def main() -> None:
+    from orbit_lightning.quant.formats import INT4_LAYOUTS
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-1.7b")
     ap.add_argument("--prompts", type=int, default=8)
@@ -36,7 +38,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (smoke tests)")
     ap.add_argument("--quant", default="int4", help="the base's format; 'bf16' keeps the base unquantized (baseline)")
-    ap.add_argument("--int4-layout", default="auto", choices=("auto", "row-major", "tiled"),
+    ap.add_argument("--int4-layout", default="auto", choices=INT4_LAYOUTS,
                     help="how int4 is stored (model.int4_layout; auto: tiled on CUDA)")
     ap.add_argument("--expert-chunk", type=int, default=None,
                     help="routed experts per dequantized chunk (model.expert_chunk; default: what 1 GiB holds)")

@@ -40,6 +40,7 @@ from orbit_lightning import add_adapter, load_model
 from orbit_lightning.adapters import AdapterLayer
 from orbit_lightning.models import preset_hf_config, token_logprobs
 from orbit_lightning.models.moe import Experts
+from orbit_lightning.quant.formats import INT4_LAYOUTS
 from orbit_lightning.rollout import RolloutEngine, SamplingParams, kv_cache, runner
 from orbit_lightning.rollout.blocks import blocks_for
 from orbit_lightning.rollout.kv_cache import KVLayout
@@ -55,7 +56,7 @@ def parse_args() -> argparse.Namespace:
                     help="preset config overrides, e.g. num_hidden_layers=8 hidden_size=1024")
     ap.add_argument("--quant", default="int4",
                     help="the base's format; 'bf16' keeps the base unquantized in --dtype (the baseline)")
-    ap.add_argument("--int4-layout", default="auto", choices=("auto", "row-major", "tiled"),
+    ap.add_argument("--int4-layout", default="auto", choices=INT4_LAYOUTS,
                     help="how int4 is stored (model.int4_layout; auto: tiled on CUDA)")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--lora-targets", default="all-linear", help="'all-linear' or a comma list of module names")
