@@ -2,7 +2,7 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
-#   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide layout)
+#   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide layout layoutprof)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -71,6 +71,10 @@ for s in $sections; do
     layout)  for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rollout.py \
                --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --batches 1 16 64 \
                --no-hf --int4-layout $lay; done >"$OUT/layout.log" 2>&1 ;;
+    # the same, profiled: where the step's time goes in each layout at 1 and 16 rows (the batch-16 tie, forty-first session)
+    layoutprof) for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rollout.py \
+               --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --batches 1 16 \
+               --no-hf --int4-layout $lay --profile 8; done >"$OUT/layoutprof.log" 2>&1 ;;
     host)    timeout 120 python3 bench/engine_host.py --batches 1 64 256 >"$OUT/host.log" 2>&1 ;;
     attnwarps) for w in 4 8; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 16 --no-hf --attn-warps $w --profile 8; done \
@@ -90,6 +94,7 @@ grep -A6 "^qwen3-30b" "$OUT/rl_step_moe.log" 2>/dev/null
 grep -E "^case|lora|^qkv|^o |^gate|^down" "$OUT/timeline.log" 2>/dev/null
 grep -E "^qwen|_attn_kernel|_merge_kernel" "$OUT/attnwarps.log" 2>/dev/null
 grep -E "^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/gaps.log" 2>/dev/null
+grep -E "^== int4|^qwen|per step: GPU busy|^\[profile\] " "$OUT/layoutprof.log" 2>/dev/null | head -80
 grep -E "^batch" "$OUT/host.log" 2>/dev/null
 grep -E "^ORBIT|^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/trigger.log" 2>/dev/null
 grep -vE "^\s*$" "$OUT/lora.log" 2>/dev/null | tail -12
