@@ -2,7 +2,8 @@
 # Everything this project measures on the GPU machine, in one call (device time is scarce):
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
-#   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide layout layoutprof)
+#   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide layout layoutprof
+#   rlstep_layout)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -75,6 +76,10 @@ for s in $sections; do
     layoutprof) for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rollout.py \
                --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --batches 1 16 \
                --no-hf --int4-layout $lay --profile 8; done >"$OUT/layoutprof.log" 2>&1 ;;
+    # model.int4_layout's effect on a whole RL step (rollout, old log-probs, reference, train), int4 tiled / row-major
+    rlstep_layout) for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rl_step.py \
+               --shape qwen3-1.7b --prompts 4 --gens 8 --new-tokens 256 --steps 3 --int4-layout $lay; done \
+               >"$OUT/rl_step_layout.log" 2>&1 ;;
     host)    timeout 120 python3 bench/engine_host.py --batches 1 64 256 >"$OUT/host.log" 2>&1 ;;
     attnwarps) for w in 4 8; do timeout 100 python3 bench/rollout.py --presets qwen3-8b --override num_hidden_layers=8 \
                --new-tokens 64 --prompt-len 512 --batches 1 16 --no-hf --attn-warps $w --profile 8; done \
@@ -88,6 +93,7 @@ grep -E "^== |^qwen" "$OUT/graphs.log" 2>/dev/null
 grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" 2>/dev/null | tail -12
 grep -E "^\[profile\] batch|^qwen|roof|HF|dlogprob" "$OUT/rollout.log" 2>/dev/null | tail -24
 grep -A9 -E "^(deterministic )?qwen3" "$OUT/rl_step.log" 2>/dev/null | tail -20
+grep -A9 -E "^== int4|^qwen3" "$OUT/rl_step_layout.log" 2>/dev/null | tail -30
 grep -A6 "== summary" "$OUT/kernels.log" 2>/dev/null
 grep -E "^[a-z_]+ \[E=|chunked|expert MLP" "$OUT/moe.log" 2>/dev/null
 grep -A6 "^qwen3-30b" "$OUT/rl_step_moe.log" 2>/dev/null
