@@ -3,7 +3,7 @@
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
 #   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide layout layoutprof
-#   rlstep_layout)
+#   rlstep_layout tiledbench)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -64,6 +64,10 @@ for s in $sections; do
     tiled)   timeout 120 python3 -m pytest -q -m gpu -k "tiled or TILED" tests/kernels tests/quant -n 4 -p no:cacheprovider \
                >"$OUT/tiled_tests.log" 2>&1
              timeout 150 python3 bench/mma_sweep.py --sections tiled --budget 120 >"$OUT/tiled_sweep.log" 2>&1
+             for lay in tiled row-major; do timeout 110 python3 bench/kernels.py --sections dense --m 1 16 \
+               --int4-layout $lay --budget 80 >"$OUT/dense_$lay.log" 2>&1; done ;;
+    # the same timings without the tests (~350 s), for a short device budget
+    tiledbench) timeout 130 python3 bench/mma_sweep.py --sections tiled --budget 100 >"$OUT/tiled_sweep.log" 2>&1
              for lay in tiled row-major; do timeout 110 python3 bench/kernels.py --sections dense --m 1 16 \
                --int4-layout $lay --budget 80 >"$OUT/dense_$lay.log" 2>&1; done ;;
     tiledwide) for lay in tiled row-major; do timeout 140 python3 bench/kernels.py --sections dense,moe \
