@@ -197,14 +197,17 @@ def section_tiled(deadline: float) -> None:
     wgmma_int4; each output is checked against fp32 (the mma GEMV sums other sets of a word's values per mma on
     int4-tiled's nibble order, so the layouts' bits differ there). tiled-wg: int4-tiled with configs.MMA_TILED_ALL_N
     off, the tall weights' 9-16 rows on wgmma_int4 (which reads the tiled layout too) as the row-major dispatch sends
-    them."""
+    them; tiled-wgall: every weight's 9-16 rows there (configs.MMA_SHAPE_DISPATCH off too). wgmma_int4 keeps its
+    weight bytes in flight in a TMA ring rather than in registers, so where a GPU reads faster per SM (the H200) it
+    may scale where the mma GEMV does not."""
 
-    def as_row_major_dispatch(x, tiled):
+    def on_wgmma(x, tiled, every_weight: bool):
         configs.MMA_TILED_ALL_N = False
+        configs.MMA_SHAPE_DISPATCH = not every_weight
         try:
             return kernels.dequant_linear(x, "int4-tiled", tiled)
         finally:
-            configs.MMA_TILED_ALL_N = True
+            configs.MMA_TILED_ALL_N, configs.MMA_SHAPE_DISPATCH = True, True
 
     def variants(x, packed, w):
         tiled = tile_packed(packed)
@@ -212,7 +215,8 @@ def section_tiled(deadline: float) -> None:
                       for v in (w, resolve("int4-tiled", tiled, stacked=False)))  # fmt: skip
         runs = {"int4": functools.partial(kernels.dequant_linear, x, "int4", packed),
                 "int4-tiled": functools.partial(kernels.dequant_linear, x, "int4-tiled", tiled),
-                "tiled-wg": functools.partial(as_row_major_dispatch, x, tiled)}
+                "tiled-wg": functools.partial(on_wgmma, x, tiled, False),
+                "tiled-wgall": functools.partial(on_wgmma, x, tiled, True)}
         w_t = resolve("int4-tiled", tiled, stacked=False)
         for name, change in TILED_NEIGHBOURS.items():  # (where the variant cannot run, the tiled dispatch again)
             v = replace(cfg_t, **change) if cfg_t is not None and cfg_t.mma else None
@@ -221,8 +225,9 @@ def section_tiled(deadline: float) -> None:
         return runs, f"{_kind(cfg):9}/{_kind(cfg_t):9}", ""
 
     _ab_over_shapes(deadline, "int4 (row-major) against int4-tiled through the dispatch (tiled-wg: tall weights' 9-16 "
-                    "rows on wgmma_int4; " + ", ".join(TILED_NEIGHBOURS) + ": the tiled mma config changed)",
-                    ("int4", "int4-tiled", "tiled-wg", *TILED_NEIGHBOURS), (1, 16), variants)
+                    "rows on wgmma_int4, tiled-wgall: every weight's; " + ", ".join(TILED_NEIGHBOURS)
+                    + ": the tiled mma config changed)",
+                    ("int4", "int4-tiled", "tiled-wg", "tiled-wgall", *TILED_NEIGHBOURS), (1, 16), variants)
 
 
 # The tiled mma config's neighbours: a tiled row tile's K tile is one 1024-byte stretch, so the trade-offs measured on
