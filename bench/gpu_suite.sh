@@ -17,6 +17,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 # The device gets a copy of the working tree whose .git may be stale: the commit comes from `.commit`, written on
 # this side before the run (`git rev-parse --short HEAD > .commit`, carried like .whl), else from git.
 { cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null; } | tee "$OUT/commit.txt"
+# int4-tiled against row-major: the dispatch A/B at 1 and 16 rows, then the decode command in both layouts
+tiled_timings() {
+  timeout 150 python3 bench/mma_sweep.py --sections tiled --budget 120 >"$OUT/tiled_sweep.log" 2>&1
+  for lay in tiled row-major; do timeout 110 python3 bench/kernels.py --sections dense --m 1 16 --int4-layout $lay \
+    --budget 80 >"$OUT/dense_$lay.log" 2>&1; done
+}
 sections=${*:-tests rlstep default rollout}
 for s in $sections; do
   start=$(date +%s)
@@ -63,13 +69,8 @@ for s in $sections; do
     # then the decode command in both layouts (~500 s: one call). tiledwide: 64-4096 rows and the MoE section.
     tiled)   timeout 120 python3 -m pytest -q -m gpu -k "tiled or TILED" tests/kernels tests/quant -n 4 -p no:cacheprovider \
                >"$OUT/tiled_tests.log" 2>&1
-             timeout 150 python3 bench/mma_sweep.py --sections tiled --budget 120 >"$OUT/tiled_sweep.log" 2>&1
-             for lay in tiled row-major; do timeout 110 python3 bench/kernels.py --sections dense --m 1 16 \
-               --int4-layout $lay --budget 80 >"$OUT/dense_$lay.log" 2>&1; done ;;
-    # the same timings without the tests (~350 s), for a short device budget
-    tiledbench) timeout 130 python3 bench/mma_sweep.py --sections tiled --budget 100 >"$OUT/tiled_sweep.log" 2>&1
-             for lay in tiled row-major; do timeout 110 python3 bench/kernels.py --sections dense --m 1 16 \
-               --int4-layout $lay --budget 80 >"$OUT/dense_$lay.log" 2>&1; done ;;
+             tiled_timings ;;
+    tiledbench) tiled_timings ;;  # the same timings without the tests (~370 s), for a short device budget
     tiledwide) for lay in tiled row-major; do timeout 140 python3 bench/kernels.py --sections dense,moe \
                --m 64 256 4096 --int4-layout $lay --budget 110 >"$OUT/wide_$lay.log" 2>&1; done ;;
     # model.int4_layout's end-to-end effect: decode of an 8-layer Qwen3-8B, int4 stored tiled (auto) and row-major
