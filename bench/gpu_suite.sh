@@ -23,6 +23,11 @@ tiled_timings() {
   for lay in tiled row-major; do timeout 110 python3 bench/kernels.py --sections dense --m 1 16 --int4-layout $lay \
     --budget 80 >"$OUT/dense_$lay.log" 2>&1; done
 }
+# decode of an 8-layer Qwen3-8B with int4 stored tiled (auto), then row-major; the arguments go to bench/rollout.py
+layout_decode() {
+  for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rollout.py --presets qwen3-8b \
+    --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --no-hf --int4-layout $lay "$@"; done
+}
 sections=${*:-tests rlstep default rollout}
 for s in $sections; do
   start=$(date +%s)
@@ -74,13 +79,9 @@ for s in $sections; do
     tiledwide) for lay in tiled row-major; do timeout 140 python3 bench/kernels.py --sections dense,moe \
                --m 64 256 4096 --int4-layout $lay --budget 110 >"$OUT/wide_$lay.log" 2>&1; done ;;
     # model.int4_layout's end-to-end effect: decode of an 8-layer Qwen3-8B, int4 stored tiled (auto) and row-major
-    layout)  for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rollout.py \
-               --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --batches 1 16 64 \
-               --no-hf --int4-layout $lay; done >"$OUT/layout.log" 2>&1 ;;
+    layout)  layout_decode --batches 1 16 64 >"$OUT/layout.log" 2>&1 ;;
     # the same, profiled: where the step's time goes in each layout at 1 and 16 rows (the batch-16 tie, forty-first session)
-    layoutprof) for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rollout.py \
-               --presets qwen3-8b --override num_hidden_layers=8 --new-tokens 64 --prompt-len 512 --batches 1 16 \
-               --no-hf --int4-layout $lay --profile 8; done >"$OUT/layoutprof.log" 2>&1 ;;
+    layoutprof) layout_decode --batches 1 16 --profile 8 >"$OUT/layoutprof.log" 2>&1 ;;
     # model.int4_layout's effect on a whole RL step (rollout, old log-probs, reference, train), int4 tiled / row-major
     rlstep_layout) for lay in auto row-major; do echo "== int4_layout $lay"; timeout 110 python3 bench/rl_step.py \
                --shape qwen3-1.7b --prompts 4 --gens 8 --new-tokens 256 --steps 3 --int4-layout $lay; done \

@@ -21,6 +21,7 @@ there. Its pairsgrid section, the layout at 1-8 rows on small grids, is at commi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -130,14 +131,23 @@ def alternating_medians(runs: dict, ref: torch.Tensor, bound: torch.Tensor, roun
     return {name: sorted(v)[len(v) // 2] for name, v in t.items()}
 
 
+@contextlib.contextmanager
+def _configs_set(**switches):
+    """The dispatch's module-level switches in kernels.configs set to these values, the shipped ones restored after."""
+    shipped = {name: getattr(configs, name) for name in switches}
+    for name, value in switches.items():
+        setattr(configs, name, value)
+    try:
+        yield
+    finally:
+        for name, value in shipped.items():
+            setattr(configs, name, value)
+
+
 def _with_rules(start: int, max_n: int, x: torch.Tensor, packed) -> torch.Tensor:
     """kernels.int4_linear dispatched with configs.MMA_WORD_PAIRS_FROM and MMA_WIDE_MAX_N set to these values."""
-    shipped = configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N
-    configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = start, max_n
-    try:
+    with _configs_set(MMA_WORD_PAIRS_FROM=start, MMA_WIDE_MAX_N=max_n):
         return kernels.int4_linear(x, packed)
-    finally:
-        configs.MMA_WORD_PAIRS_FROM, configs.MMA_WIDE_MAX_N = shipped
 
 
 def section_pairs_dispatch(deadline: float) -> None:
@@ -202,12 +212,8 @@ def section_tiled(deadline: float) -> None:
     may scale where the mma GEMV does not."""
 
     def on_wgmma(x, tiled, every_weight: bool):
-        configs.MMA_TILED_ALL_N = False
-        configs.MMA_SHAPE_DISPATCH = not every_weight
-        try:
+        with _configs_set(MMA_TILED_ALL_N=False, MMA_SHAPE_DISPATCH=not every_weight):
             return kernels.dequant_linear(x, "int4-tiled", tiled)
-        finally:
-            configs.MMA_TILED_ALL_N, configs.MMA_SHAPE_DISPATCH = True, True
 
     def variants(x, packed, w):
         tiled = tile_packed(packed)
