@@ -1,28 +1,33 @@
-"""Timing probe of the M = 1 mma GEMV (kernels/gemv_mma.py): what leaving instruction classes out of its per-tile PTX
-would gain, on the 12 dense shapes of bench/kernels.py. The outputs are WRONG for every variant but `ship`; only
-the time means anything. It bounds what any cheaper decode of the same words can buy at M = 1.
+"""Timing probe of the mma GEMV (kernels/gemv_mma.py) at 1-16 rows: what leaving instruction classes out of its
+per-tile PTX would gain, on the 12 dense shapes of bench/kernels.py. The outputs are WRONG for every variant but
+`ship`; only the time means anything. It bounds what any cheaper decode of the same words can buy.
 
-    python bench/gemv_probe.py [--m ROWS] ship noscale nofma noprmt nodecode x1 s1 w16
+    python bench/gemv_probe.py [--m ROWS] [--layout auto|row-major|tiled] [ship noscale nofma noprmt nodecode
+                               loadonly x1 s1 w16 rN[pP]]
 
 ship: the shipped text. noscale: without the fma by the scale. nofma: without both fmas (the -136 offset and the
-scale). noprmt: also without the activation prmts (movs instead). nodecode: also without the shr and lop3 (the raw
-word as the operand). loadonly: no mma and no decode at all, the loaded registers only folded into the accumulator
-(the floor of this kernel's loads, loop and epilogue). x1 / s1: every lane's activations from the first row of its n8
-tile (one 128-byte line a load instead of 8 at 9-16 rows), or its rows' scales from the row tile's first row; what
-the L1 wavefronts of those loads cost (`--m 16`: at M = 1 x1 is ship). s1 also reads fewer scale bytes from DRAM
-(a twelfth of the int4 bytes at group 32). w16: at 9-16 rows (the word-pair layout), each row's words by one
-16-byte load instead of two 8-byte ones (half their L1 wavefronts; the bytes are the right rows' but the wrong words),
-capped at the shipped 80 registers (8 bytes of stack under triton 3.6). rN[pP]: the shipped
-kernel capped at N registers per thread (with P warps per SM as the grid's target). Each variant runs in a
-subprocess of its own (the kernel's PTX is a constexpr, so each text compiles a kernel of its own; the cache dir is
-per variant). The register caps, whose values are right, are then compared bit for bit with ship's outputs. (The
-main-loop variants xjit, early, early-w and xshfl, measured and lost in the twenty-first and twenty-second sessions,
-left with the main loop they patched; they are at fbf5c3f.)
+scale). noprmt: also without the activation prmts (movs instead; int4-tiled's nibble order has none, so there it is
+nofma). nodecode: also without the shr and lop3 (the raw word as the operand). loadonly: no mma and no decode at
+all, every loaded register only folded into the accumulator: the floor of this kernel's loads, loop and epilogue
+at any row count, which no cheaper arithmetic on the same loads can pass. x1 / s1: every lane's activations from
+the first row of its n8 tile (one 128-byte line a load instead of 8 at 9-16 rows), or its rows' scales from the row
+tile's first row; what the L1 wavefronts of those loads cost (`--m 16`: at M = 1 x1 is ship). s1 also reads fewer
+scale bytes from DRAM (a twelfth of the int4 bytes at group 32). w16 (row-major only): at 9-16 rows (the word-pair
+layout), each row's words by one 16-byte load instead of two 8-byte ones (half their L1 wavefronts; the bytes are
+the right rows' but the wrong words), capped at the shipped 80 registers (8 bytes of stack under triton 3.6).
+rN[pP]: the shipped kernel capped at N registers per thread (with P warps per SM as the grid's target).
+--layout: the int4 weights' layout; auto is what model.int4_layout=auto stores on CUDA (int4-tiled).
+
+Each variant runs in a subprocess of its own (the kernel's PTX is a constexpr, so each text compiles a kernel of its
+own; the cache dir is per variant). The register caps, whose values are right, are then compared bit for bit with
+ship's outputs. (The main-loop variants xjit, early, early-w and xshfl, measured and lost in the twenty-first and
+twenty-second sessions, left with the main loop they patched; they are at fbf5c3f.)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import math
 import os
@@ -41,11 +46,12 @@ _real_load_w = gemv_mma.load_w_asm
 
 
 @triton.jit
-def _scales_of_first_row(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, PAIRS: tl.constexpr):
+def _scales_of_first_row(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: tl.constexpr, PAIRS: tl.constexpr,
+                         TILED: tl.constexpr = False):  # fmt: skip
     """lane_addresses, with every lane's scale address that of its row tile's first row (rows g, g + 8 of a tile
     start at a multiple of 16; the row g + 8 offset stays compile-time)."""
-    w_lane, _ = _real_lanes(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP, PAIRS)
-    _, s_lane = _real_lanes(w_ptr, s_ptr, rows // 16 * 16, k_lo, stride_wn, stride_sn, GROUP, PAIRS)
+    w_lane, _ = _real_lanes(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP, PAIRS, TILED)
+    _, s_lane = _real_lanes(w_ptr, s_ptr, rows // 16 * 16, k_lo, stride_wn, stride_sn, GROUP, PAIRS, TILED)
     return w_lane, s_lane
 
 
@@ -84,30 +90,37 @@ _ADDRESS_PROBES = {"x1": {"activation_lanes": _activations_of_first_row},
                    "w16": {"lane_addresses": _words_at_sixteen_bytes, "load_w_asm": _one_load_a_row}}
 
 
-def loadonly_text() -> str:
-    """The M = 1 tile's operands (d, 8 words, 2 scales, 16 x registers, c) with no mma and no decode: the words, the
-    scales and x xor-folded into c0 (as its bits, so no load can be dropped) and c1-c3 passed through. What is left
-    of the kernel is its loads, its loop and its epilogue."""
-    regs = [f"${i}" for i in range(4, 12)] + ["s"] + [f"${i}" for i in range(14, 30)]
-    lines = ["{", ".reg .b32 q, s;", "mov.b32 s, {$12, $13};", f"lop3.b32 q, {regs[0]}, {regs[1]}, {regs[2]}, 0x96;"]
-    rest = regs[3:]
-    for i in range(0, len(rest) - 1, 2):
-        lines.append(f"lop3.b32 q, q, {rest[i]}, {rest[i + 1]}, 0x96;")
-    lines += [
-        "and.b32 q, q, 0x00FFFFFF;",  # a tiny float: c0 stays finite
-        "add.f32 $0, $30, q;",
-        "mov.f32 $1, $31;",
-        "mov.f32 $2, $32;",
-        "mov.f32 $3, $33;",
-        "}",
-    ]
-    return "\n".join(lines)
+def loadonly_text(nt: int, pairs: bool) -> str:
+    """tile_asm's operands (d: 4 nt f32; 8 words; scales: 2 bf16, or 4 bf16x2 with pairs; 16 nt x registers; c: 4 nt
+    f32) with no mma and no decode: every word, scale and x register xor-folded into c0 (as its bits, so no load can
+    be dropped) and the rest of c passed through. What is left of the kernel is its loads, its loop and its
+    epilogue."""
+    words, scales = 4 * nt, 4 * nt + 8
+    xs = scales + (4 if pairs else 2)
+    cs = xs + 16 * nt
+    folded = [f"${i}" for i in range(words, words + 8)]
+    lines = ["{", ".reg .b32 q, s;"]
+    if pairs:
+        folded += [f"${i}" for i in range(scales, xs)]
+    else:  # two 16-bit operands: one 32-bit register
+        lines.append(f"mov.b32 s, {{${scales}, ${scales + 1}}};")
+        folded.append("s")
+    folded += [f"${i}" for i in range(xs, cs)]
+    lines.append(f"lop3.b32 q, {folded[0]}, {folded[1]}, {folded[2]}, 0x96;")  # (0x96: a ^ b ^ c)
+    rest = folded[3:]
+    lines += [f"lop3.b32 q, q, {a}, {b}, 0x96;" for a, b in zip(rest[::2], rest[1::2], strict=False)]
+    if len(rest) % 2:
+        lines.append(f"xor.b32 q, q, {rest[-1]};")
+    lines += ["and.b32 q, q, 0x00FFFFFF;",  # a tiny float: c0 stays finite
+              f"add.f32 $0, ${cs}, q;"] + [f"mov.f32 ${i}, ${cs + i};" for i in range(1, 4 * nt)]  # fmt: skip
+    return "\n".join(lines + ["}"])
 
 
-def probe_text(text: str, variant: str) -> str:
-    """The tile PTX `text` with the instructions `variant` leaves out removed (or made movs)."""
+def probe_text(text: str, variant: str, nt: int = 1, pairs: bool = False) -> str:
+    """The tile PTX `text` (of nt n8 tiles and `pairs` scales) with the instructions `variant` leaves out removed (or
+    made movs)."""
     if variant == "loadonly":
-        return loadonly_text()
+        return loadonly_text(nt, pairs)
     out = []
     for line in text.split("\n"):
         s = line.strip()
@@ -134,12 +147,12 @@ def _set_mma_configs(**fields) -> None:
         setattr(configs, name, replace(getattr(configs, name), **fields))
 
 
-def run_variant(variant: str, m: int) -> None:
+def run_variant(variant: str, m: int, layout: str) -> None:
     import torch
     import torch.nn.functional as F
 
     from orbit_lightning import kernels
-    from orbit_lightning.quant.formats import get_format
+    from orbit_lightning.quant.formats import get_format, int4_storage_name
 
     cap = re.fullmatch(r"r(\d+)(?:p(\d+))?", variant)
     if cap:  # the shipped kernel under a register cap (ptxas then schedules the loads otherwise), warps per SM
@@ -151,12 +164,13 @@ def run_variant(variant: str, m: int) -> None:
             _set_mma_configs(maxnreg=80)
     elif variant != "ship":
         real = gemv_mma.tile_asm  # (kernel_constexprs passes its text to the kernel)
-        gemv_mma.tile_asm = lambda nt, pairs: probe_text(real(nt, pairs), variant)
+        gemv_mma.tile_asm = lambda nt, pairs, *nibbles: probe_text(real(nt, pairs, *nibbles), variant, nt, pairs)
     here = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(here, "kernels.py"))
     bk = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bk)
-    fmt = get_format("int4")
+    fmt = get_format(int4_storage_name("int4", layout, torch.device("cuda")))
+    int4_linear = functools.partial(kernels.dequant_linear, fmt=fmt)
     ratios, outputs = [], []
     torch.manual_seed(0)  # the same weights in every variant's process, so that outputs compare bit for bit
     for model, layers in bk.DENSE.items():
@@ -164,14 +178,15 @@ def run_variant(variant: str, m: int) -> None:
             w = bk.randn(n, k, scale=0.02)
             packed = fmt.random_packed((n, k), device="cuda")
             x = bk.randn(m, k)
-            bf16, int4 = bk.graph_us(F.linear, x, w), bk.graph_us(kernels.int4_linear, x, packed)
+            bf16, int4 = bk.graph_us(F.linear, x, w), bk.graph_us(int4_linear, x, packed=packed)
             ratios.append(bf16 / int4)
-            outputs.append(kernels.int4_linear(x, packed).cpu())
+            outputs.append(int4_linear(x, packed=packed).cpu())
             line = f"{variant:9} {model:16} {layer:12} bf16 {bf16:7.1f} int4 {int4:7.1f} x {bf16 / int4:5.2f}"
             print(line, flush=True)
             del w, packed
             torch.cuda.empty_cache()
-    print(f"{variant:9} GEOMEAN M={m} x {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}", flush=True)
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    print(f"{variant:9} GEOMEAN M={m} {fmt.name} x {geomean:.3f}", flush=True)
     torch.save(outputs, _outputs_path(variant))
 
 
@@ -181,24 +196,35 @@ def _outputs_path(variant: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("variants", nargs="*", help=f"{', '.join(VARIANTS)} or rN[pP] (default: all but the caps)")
+    ap.add_argument("variants", nargs="*",
+                    help=f"{', '.join(VARIANTS)} or rN[pP] (default: all but the caps, and w16 unless row-major)")
     ap.add_argument("--m", type=int, default=1, choices=range(1, 17), metavar="ROWS", help="activation rows, 1-16")
+    ap.add_argument("--layout", choices=("auto", "row-major", "tiled"), default="auto",
+                    help="the int4 weights' layout, as model.int4_layout (auto: int4-tiled on CUDA)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     args, m = opts.variants, opts.m
     if opts.child:
-        return run_variant(args[0], m)
-    for variant in args or VARIANTS:
+        return run_variant(args[0], m, opts.layout)
+    ran = args or [v for v in VARIANTS if v != "w16" or opts.layout == "row-major"]
+    for variant in ran:
         if variant not in VARIANTS and not re.fullmatch(r"r\d+(p\d+)?", variant):
             sys.exit(f"bench/gemv_probe.py: unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+        if variant == "w16" and opts.layout != "row-major":
+            sys.exit("bench/gemv_probe.py: w16 patches the row-major word-pair loads; add --layout row-major")
+    for variant in ran:
+        if os.path.exists(_outputs_path(variant)):  # (a variant that fails leaves no file to compare)
+            os.remove(_outputs_path(variant))
         env = dict(os.environ, TRITON_CACHE_DIR=os.path.join("/tmp", f"gemv_probe_{variant}"))
-        subprocess.run([sys.executable, __file__, "--m", str(m), "--child", variant], env=env, check=True)
+        child = [sys.executable, __file__, "--m", str(m), "--layout", opts.layout, "--child", variant]
+        if subprocess.run(child, env=env).returncode:  # (one variant that fails to build leaves the others' times)
+            print(f"{variant:9} FAILED (its traceback is above)", flush=True)
     import torch
 
-    ran = args or VARIANTS
-    ship = torch.load(_outputs_path("ship")) if "ship" in ran else None  # (this run's, never a stale file)
+    ship = torch.load(_outputs_path("ship")) if os.path.exists(_outputs_path("ship")) else None  # (this run's)
     for variant in ran if ship is not None else ():
-        if variant.startswith("r"):  # (the register caps multiply like the shipped kernel)
+        # (the register caps multiply like the shipped kernel)
+        if variant.startswith("r") and os.path.exists(_outputs_path(variant)):
             same = all(torch.equal(a, b) for a, b in zip(ship, torch.load(_outputs_path(variant)), strict=True))
             print(f"{variant:9} outputs bitwise equal to ship's: {same}", flush=True)
 

@@ -3,7 +3,7 @@
 # GPU tests, the rollout benchmark, full RL steps, and the default experiment on the GPU.
 #   bash bench/gpu_suite.sh [sections...]   (default: tests rlstep default rollout; also: kernels moe timeline attnwarps gaps
 #   host trigger lora ktests trace rtests etests graphs wgmma ncu tiled tiledwide layout layoutprof
-#   rlstep_layout tiledbench)
+#   rlstep_layout tiledbench probe)
 # Logs and JSON go to $OUT (default ./gpu_out). Wheels for packages missing there travel in .whl/, the commit in
 # .commit (see below).
 set -u
@@ -76,6 +76,9 @@ for s in $sections; do
                >"$OUT/tiled_tests.log" 2>&1
              tiled_timings ;;
     tiledbench) tiled_timings ;;  # the same timings without the tests (~370 s), for a short device budget
+    # the mma GEMV on int4-tiled with its decode, then also its mmas, left out: what its loads alone allow (~150 s)
+    probe)   for m in 1 16; do timeout 90 python3 bench/gemv_probe.py --m $m ship nodecode loadonly; done \
+               >"$OUT/probe.log" 2>&1 ;;
     tiledwide) for lay in tiled row-major; do timeout 140 python3 bench/kernels.py --sections dense,moe \
                --m 64 256 4096 --int4-layout $lay --budget 110 >"$OUT/wide_$lay.log" 2>&1; done ;;
     # model.int4_layout's end-to-end effect: decode of an 8-layer Qwen3-8B, int4 stored tiled (auto) and row-major

@@ -8,7 +8,8 @@ bf16 time / kernel time, so > 1 means the kernel is faster. Weights are random a
 in their packed form (never a bf16 copy); activations are random bf16. Layer shapes are those of
 Qwen3-8B, Qwen3-30B-A3B, Qwen3-235B-A22B and DeepSeek-V3. Targets (issue 6): training (M >= 4096)
 int4-g32 fwd+dX >= 0.9x bf16; decode (M <= 16) int4 >= 2.5x faster; MoE int4 fwd+dX >= 0.8x
-torch._grouped_mm. With $OUT set, the log and a JSON of every row are written there.
+torch._grouped_mm. int4 is stored as a model stores it on CUDA (int4-tiled; --int4-layout row-major for the
+checkpoint's row-major layout). With $OUT set, the log and a JSON of every row are written there.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from triton.testing import do_bench
 from orbit_lightning import kernels
 from orbit_lightning.quant.dispatch import dequant_grouped, dequant_grouped_dx
 from orbit_lightning.quant.experts import QuantExperts
-from orbit_lightning.quant.formats import get_format
+from orbit_lightning.quant.formats import INT4_LAYOUTS, get_format, int4_storage_name
 from orbit_lightning.quant.grouped import ExpertGroups
 
 M_SIZES = (1, 16, 64, 256, 4096, 16384)
@@ -209,8 +210,9 @@ def read_programs(packed: dict) -> int:
             + triton.cdiv(packed["weight_scale"].numel() // 2, READ_BLOCK))
 
 
-# The dense and MoE sections' int4 weights: "int4" (row-major, compressed-tensors' layout) or "int4-tiled" (the
-# decode kernels' block layout, quant/formats/tiled.py; --int4-layout tiled).
+# The dense and MoE sections' int4 weights: "int4" (row-major, compressed-tensors' layout), as the scripts that import
+# this module pack theirs, or "int4-tiled" (the decode kernels' block layout, quant/formats/tiled.py), which a model
+# stores on CUDA by default (model.int4_layout=auto) and so this script's own command measures (--int4-layout).
 INT4_FORMAT = "int4"
 
 
@@ -511,13 +513,14 @@ def main(argv=None) -> None:
     p.add_argument("--budget", type=float, default=1e9, help="start no new measurement after this many s")
     p.add_argument("--m", type=int, nargs="+", default=list(M_SIZES), help="the dense section's row counts")
     p.add_argument("--l2-flush", choices=FLUSH_MODES, default=FLUSH_MODE, help="graph_us's L2 flush (see FLUSH_MODE)")
-    p.add_argument("--int4-layout", choices=("row-major", "tiled"), default="row-major",
-                   help="the dense and MoE sections' int4 weights: row-major or int4-tiled (INT4_FORMAT)")
+    p.add_argument("--int4-layout", choices=INT4_LAYOUTS, default="auto",
+                   help="the dense and MoE sections' int4 weights, as model.int4_layout: auto (what the framework "
+                        "stores on CUDA: int4-tiled), row-major or tiled (INT4_FORMAT)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench/kernels.py needs a CUDA GPU")
     FLUSH_MODE, M_SIZES = args.l2_flush, tuple(args.m)
-    INT4_FORMAT = "int4-tiled" if args.int4_layout == "tiled" else "int4"
+    INT4_FORMAT = int4_storage_name("int4", args.int4_layout, torch.device("cuda"))
     torch.manual_seed(0)
     rep = Report(args.budget)
     rep.say(f"GPU {torch.cuda.get_device_name()} | torch {torch.__version__} | "

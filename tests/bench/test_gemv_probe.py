@@ -1,9 +1,14 @@
 """bench/gemv_probe.py: the probes' PTX rewrites (the timings need a GPU)."""
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.kernels.sm90_compile import needs_sm90_compiler
+
+_ROOT = Path(__file__).parents[2]
 
 _spec = importlib.util.spec_from_file_location("gemv_probe", Path(__file__).parents[2] / "bench" / "gemv_probe.py")
 gemv_probe = importlib.util.module_from_spec(_spec)
@@ -32,3 +37,40 @@ def test_bad_arguments_are_named_before_any_gpu_work():
                        (["bogus"], "unknown variant 'bogus'; choose from ship")):  # fmt: skip
         run = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=300)
         assert run.returncode != 0 and said in run.stderr, run.stderr[-2000:]
+
+
+_LOADONLY_SASS = """
+import sys
+sys.path.insert(0, {bench!r})
+import gemv_probe, mma_sass
+from orbit_lightning.kernels import gemv_mma
+shipped = gemv_mma.tile_asm
+for config in ("mt1-nt1-u2", "mt1-nt2-u1-p-t"):
+    mt, nt, u, pairs, interleave, tiled, _ = mma_sass.parse_config(config)
+    counts = []
+    for text in (shipped, lambda nt, pairs, *nibbles: gemv_probe.probe_text("", "loadonly", nt, pairs)):
+        gemv_mma.tile_asm = text
+        sass, _ = mma_sass.compile_sass(mt, nt, u, 2048, pairs=pairs, tiled=tiled)
+        counts += [sass.count("HMMA"), sass.count("LDG")]
+    per_step = u * shipped(nt, pairs, tiled).count("mma.sync")
+    print(config, per_step, *counts)
+"""
+
+
+@needs_sm90_compiler
+def test_loadonly_keeps_every_load_of_the_shipped_kernel_and_no_mma_at_one_and_sixteen_rows():
+    # Real sm_90 SASS (Triton's bundled ptxas, no GPU): if the fold left any loaded register unused, ptxas would drop
+    # its load and loadonly would time fewer bytes than the kernel reads.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = _LOADONLY_SASS.format(bench=str(_ROOT / "bench"))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=_ROOT)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {line.split()[0]: line for line in run.stdout.splitlines()}
+    assert set(rows) == {"mt1-nt1-u2", "mt1-nt2-u1-p-t"}, run.stdout
+    for row in rows.values():
+        per_step, ship_mma, ship_ldg, probe_mma, probe_ldg = map(int, row.split()[1:])
+        # the tile's mmas gone from the main loop and its peeled last step (at 16 rows the output tile's store keeps
+        # an mma of its own, in both)
+        assert ship_mma - probe_mma == 2 * per_step > 0, row
+        assert probe_ldg == ship_ldg > 0, row
