@@ -40,6 +40,8 @@ import triton
 import triton.language as tl
 from orbit_lightning.kernels import gemv_mma
 
+from orbit_lightning.quant.formats import INT4_LAYOUTS, int4_storage_name
+
 VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1", "w16")
 _real_lanes, _real_activations = gemv_mma.lane_addresses, gemv_mma.activation_lanes
 _real_load_w = gemv_mma.load_w_asm
@@ -99,11 +101,11 @@ def loadonly_text(nt: int, pairs: bool) -> str:
     xs = scales + (4 if pairs else 2)
     cs = xs + 16 * nt
     folded = [f"${i}" for i in range(words, words + 8)]
-    lines = ["{", ".reg .b32 q, s;"]
+    lines = ["{", ".reg .b32 q;"]
     if pairs:
         folded += [f"${i}" for i in range(scales, xs)]
     else:  # two 16-bit operands: one 32-bit register
-        lines.append(f"mov.b32 s, {{${scales}, ${scales + 1}}};")
+        lines += [".reg .b32 s;", f"mov.b32 s, {{${scales}, ${scales + 1}}};"]
         folded.append("s")
     folded += [f"${i}" for i in range(xs, cs)]
     lines.append(f"lop3.b32 q, {folded[0]}, {folded[1]}, {folded[2]}, 0x96;")  # (0x96: a ^ b ^ c)
@@ -152,7 +154,7 @@ def run_variant(variant: str, m: int, layout: str) -> None:
     import torch.nn.functional as F
 
     from orbit_lightning import kernels
-    from orbit_lightning.quant.formats import get_format, int4_storage_name
+    from orbit_lightning.quant.formats import get_format
 
     cap = re.fullmatch(r"r(\d+)(?:p(\d+))?", variant)
     if cap:  # the shipped kernel under a register cap (ptxas then schedules the loads otherwise), warps per SM
@@ -199,7 +201,7 @@ def main() -> None:
     ap.add_argument("variants", nargs="*",
                     help=f"{', '.join(VARIANTS)} or rN[pP] (default: all but the caps, and w16 unless row-major)")
     ap.add_argument("--m", type=int, default=1, choices=range(1, 17), metavar="ROWS", help="activation rows, 1-16")
-    ap.add_argument("--layout", choices=("auto", "row-major", "tiled"), default="auto",
+    ap.add_argument("--layout", choices=INT4_LAYOUTS, default="auto",
                     help="the int4 weights' layout, as model.int4_layout (auto: int4-tiled on CUDA)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()

@@ -52,9 +52,10 @@ def pytest_xdist_make_scheduler(config, log):
         # (xdist's private queue: should a release rename it, the order falls back to xdist's own, nothing fails)
         def _assign_work_unit(self, node):
             queue = getattr(self, "workqueue", None)
-            for scope in reversed(HEAVY_FILES) if hasattr(queue, "move_to_end") else ():
-                if scope in queue:  # the first assignment moves them to the queue's front, in order
-                    queue.move_to_end(scope, last=False)
+            if hasattr(queue, "move_to_end"):
+                for scope in reversed(HEAVY_FILES):  # the first assignment moves them to the queue's front, in order
+                    if scope in queue:
+                        queue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
     return HeavyFirst(config, log)
