@@ -34,7 +34,9 @@ def test_every_probe_is_a_variant():
 def test_bad_arguments_are_named_before_any_gpu_work():
     script = str(Path(__file__).parents[2] / "bench" / "gemv_probe.py")
     for argv, said in ((["--m", "40", "ship"], "argument --m: invalid choice: 40"),
-                       (["bogus"], "unknown variant 'bogus'; choose from ship")):  # fmt: skip
+                       (["bogus"], "unknown variant 'bogus'; choose from ship"),
+                       (["ship", "w16"], "w16 patches the row-major word-pair loads; add --layout row-major"),
+                       (["--layout", "diagonal"], "argument --layout: invalid choice: 'diagonal'")):  # fmt: skip
         run = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=300)
         assert run.returncode != 0 and said in run.stderr, run.stderr[-2000:]
 
