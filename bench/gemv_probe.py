@@ -2,8 +2,8 @@
 per-tile PTX would gain, on the 12 dense shapes of bench/kernels.py. The outputs are WRONG for every variant but
 `ship`; only the time means anything. It bounds what any cheaper decode of the same words can buy.
 
-    python bench/gemv_probe.py [--m ROWS] [--layout auto|row-major|tiled] [ship noscale nofma noprmt nodecode
-                               loadonly x1 s1 w16 rN[pP]]
+    python bench/gemv_probe.py [--m ROWS] [--layout auto|row-major|tiled] [--wide-tiles U] [ship noscale nofma
+                               noprmt nodecode loadonly x1 s1 w16 rN[pP]]
 
 ship: the shipped text. noscale: without the fma by the scale. nofma: without both fmas (the -136 offset and the
 scale). noprmt: also without the activation prmts (movs instead; int4-tiled's nibble order has none, so there it is
@@ -17,6 +17,8 @@ layout), each row's words by one 16-byte load instead of two 8-byte ones (half t
 the right rows' but the wrong words), capped at the shipped 80 registers (8 bytes of stack under triton 3.6).
 rN[pP]: the shipped kernel capped at N registers per thread (with P warps per SM as the grid's target).
 --layout: the int4 weights' layout; auto is what model.int4_layout=auto stores on CUDA (int4-tiled).
+--wide-tiles U: K tiles a step at 9-16 rows (configs.MMA_WIDE_TILES, shipped 1; 2 doubles each warp's weight bytes in
+flight and its activation registers): with loadonly, whether more bytes in flight a warp speed this kernel's loads.
 
 Each variant runs in a subprocess of its own (the kernel's PTX is a constexpr, so each text compiles a kernel of its
 own; the cache dir is per variant). The register caps, whose values are right, are then compared bit for bit with
@@ -149,12 +151,16 @@ def _set_mma_configs(**fields) -> None:
         setattr(configs, name, replace(getattr(configs, name), **fields))
 
 
-def run_variant(variant: str, m: int, layout: str) -> None:
+def run_variant(variant: str, m: int, layout: str, wide_tiles: int | None = None) -> None:
     import torch
     import torch.nn.functional as F
+    from orbit_lightning.kernels import configs
 
     from orbit_lightning import kernels
     from orbit_lightning.quant.formats import get_format
+
+    if wide_tiles is not None:
+        configs.MMA_WIDE_TILES = wide_tiles
 
     cap = re.fullmatch(r"r(\d+)(?:p(\d+))?", variant)
     if cap:  # the shipped kernel under a register cap (ptxas then schedules the loads otherwise), warps per SM
@@ -203,11 +209,13 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=1, choices=range(1, 17), metavar="ROWS", help="activation rows, 1-16")
     ap.add_argument("--layout", choices=INT4_LAYOUTS, default="auto",
                     help="the int4 weights' layout, as model.int4_layout (auto: int4-tiled on CUDA)")
+    ap.add_argument("--wide-tiles", type=int, choices=(1, 2), metavar="U",
+                    help="K tiles a step at 9-16 rows (configs.MMA_WIDE_TILES; default: the shipped 1)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     args, m = opts.variants, opts.m
     if opts.child:
-        return run_variant(args[0], m, opts.layout)
+        return run_variant(args[0], m, opts.layout, opts.wide_tiles)
     ran = args or [v for v in VARIANTS if v != "w16" or opts.layout == "row-major"]
     for variant in ran:
         if variant not in VARIANTS and not re.fullmatch(r"r\d+(p\d+)?", variant):
@@ -219,6 +227,7 @@ def main() -> None:
             os.remove(_outputs_path(variant))
         env = dict(os.environ, TRITON_CACHE_DIR=os.path.join("/tmp", f"gemv_probe_{variant}"))
         child = [sys.executable, __file__, "--m", str(m), "--layout", opts.layout, "--child", variant]
+        child += ["--wide-tiles", str(opts.wide_tiles)] if opts.wide_tiles else []
         if subprocess.run(child, env=env).returncode:  # (one variant that fails to build leaves the others' times)
             print(f"{variant:9} FAILED (its traceback is above)", flush=True)
     import torch

@@ -36,7 +36,8 @@ def test_bad_arguments_are_named_before_any_gpu_work():
     for argv, said in ((["--m", "40", "ship"], "argument --m: invalid choice: 40"),
                        (["bogus"], "unknown variant 'bogus'; choose from ship"),
                        (["ship", "w16"], "w16 patches the row-major word-pair loads; add --layout row-major"),
-                       (["--layout", "diagonal"], "argument --layout: invalid choice: 'diagonal'")):  # fmt: skip
+                       (["--layout", "diagonal"], "argument --layout: invalid choice: 'diagonal'"),
+                       (["--wide-tiles", "3", "ship"], "argument --wide-tiles: invalid choice: 3")):  # fmt: skip
         run = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=300)
         assert run.returncode != 0 and said in run.stderr, run.stderr[-2000:]
 
@@ -47,7 +48,7 @@ sys.path.insert(0, {bench!r})
 import gemv_probe, mma_sass
 from orbit_lightning.kernels import gemv_mma
 shipped = gemv_mma.tile_asm
-for config in ("mt1-nt1-u2", "mt1-nt2-u1-p-t"):
+for config in ("mt1-nt1-u2", "mt1-nt2-u1-p-t", "mt1-nt2-u2-p-t"):
     mt, nt, u, pairs, interleave, tiled, _ = mma_sass.parse_config(config)
     counts = []
     for text in (shipped, lambda nt, pairs, *nibbles: gemv_probe.probe_text("", "loadonly", nt, pairs)):
@@ -61,6 +62,7 @@ for config in ("mt1-nt1-u2", "mt1-nt2-u1-p-t"):
 
 @needs_sm90_compiler
 def test_loadonly_keeps_every_load_of_the_shipped_kernel_and_no_mma_at_one_and_sixteen_rows():
+    # (16 rows at one K tile a step, as shipped, and at two: --wide-tiles 2)
     # Real sm_90 SASS (Triton's bundled ptxas, no GPU): if the fold left any loaded register unused, ptxas would drop
     # its load and loadonly would time fewer bytes than the kernel reads.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -69,7 +71,7 @@ def test_loadonly_keeps_every_load_of_the_shipped_kernel_and_no_mma_at_one_and_s
                          cwd=_ROOT)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {line.split()[0]: line for line in run.stdout.splitlines()}
-    assert set(rows) == {"mt1-nt1-u2", "mt1-nt2-u1-p-t"}, run.stdout
+    assert set(rows) == {"mt1-nt1-u2", "mt1-nt2-u1-p-t", "mt1-nt2-u2-p-t"}, run.stdout
     for row in rows.values():
         per_step, ship_mma, ship_ldg, probe_mma, probe_ldg = map(int, row.split()[1:])
         # the tile's mmas gone from the main loop and its peeled last step (at 16 rows the output tile's store keeps
