@@ -15,6 +15,11 @@ tile's first row; what the L1 wavefronts of those loads cost (`--m 16`: at M = 1
 scale bytes from DRAM (a twelfth of the int4 bytes at group 32). w16 (row-major only): at 9-16 rows (the word-pair
 layout), each row's words by one 16-byte load instead of two 8-byte ones (half their L1 wavefronts; the bytes are
 the right rows' but the wrong words), capped at the shipped 80 registers (8 bytes of stack under triton 3.6).
+xcopies: program p reads its activations from copy p % X_COPIES of them (the right values): every program of the
+grid reads the same activation lines at about the same K, so each line's L2 slice serves every SM's request for it;
+with copies, each serves an eighth. If that hot spot is what holds the 16-row kernel (whose x requests are 4x its
+weight bytes, and whose time is the same on an H100 and an H200, which share the L2's design), xcopies is much faster
+than ship, although it reads 8x the activation bytes from DRAM. Its outputs are ship's, bit for bit.
 rN[pP]: the shipped kernel capped at N registers per thread (with P warps per SM as the grid's target).
 --layout: the int4 weights' layout; auto is what model.int4_layout=auto stores on CUDA (int4-tiled).
 --wide-tiles U: K tiles a step at 9-16 rows (configs.MMA_WIDE_TILES, shipped 1; 2 doubles each warp's weight bytes in
@@ -44,7 +49,7 @@ from orbit_lightning.kernels import gemv_mma
 
 from orbit_lightning.quant.formats import INT4_LAYOUTS, int4_storage_name
 
-VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1", "w16")
+VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1", "w16", "xcopies")
 _real_lanes, _real_activations = gemv_mma.lane_addresses, gemv_mma.activation_lanes
 _real_load_w = gemv_mma.load_w_asm
 
@@ -63,6 +68,24 @@ def _scales_of_first_row(w_ptr, s_ptr, rows, k_lo, stride_wn, stride_sn, GROUP: 
 def _activations_of_first_row(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr, PAIRS: tl.constexpr):
     """activation_lanes with every lane of an n8 tile on its first row."""
     return _real_activations(x_ptr, first * 0, end, k_lo, stride_xm, NT, PAIRS)
+
+
+X_COPIES = 8  # xcopies: how many copies of the activations the programs spread their reads over
+
+
+@triton.jit
+def _activations_of_a_copy(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr, PAIRS: tl.constexpr):
+    """activation_lanes in copy program_id % X_COPIES of the activations, 16 rows of x's storage apart (x must be the
+    first rows of a buffer of 16 X_COPIES rows: copies_of)."""
+    lanes = _real_activations(x_ptr, first, end, k_lo, stride_xm, NT, PAIRS)
+    return gemv_mma._advance(lanes, (tl.program_id(0) % X_COPIES) * 16 * stride_xm * 2)
+
+
+def copies_of(x):
+    """x [m <= 16, K] as the first rows of a buffer of X_COPIES copies of it, 16 rows apart."""
+    buf = x.new_zeros(X_COPIES, 16, x.shape[1])
+    buf[:, : x.shape[0]] = x
+    return buf.view(16 * X_COPIES, x.shape[1])[: x.shape[0]]
 
 
 @triton.jit
@@ -91,7 +114,8 @@ def _one_load_a_row(l2_prefetch: int, pairs: bool, group: int) -> str:
 # variant -> the gemv_mma names it replaces
 _ADDRESS_PROBES = {"x1": {"activation_lanes": _activations_of_first_row},
                    "s1": {"lane_addresses": _scales_of_first_row},
-                   "w16": {"lane_addresses": _words_at_sixteen_bytes, "load_w_asm": _one_load_a_row}}
+                   "w16": {"lane_addresses": _words_at_sixteen_bytes, "load_w_asm": _one_load_a_row},
+                   "xcopies": {"activation_lanes": _activations_of_a_copy}}
 
 
 def loadonly_text(nt: int, pairs: bool) -> str:
@@ -186,6 +210,8 @@ def run_variant(variant: str, m: int, layout: str, wide_tiles: int | None = None
             w = bk.randn(n, k, scale=0.02)
             packed = fmt.random_packed((n, k), device="cuda")
             x = bk.randn(m, k)
+            if variant == "xcopies":  # (each copy holds x's values: the outputs stay ship's)
+                x = copies_of(x)
             bf16, int4 = bk.graph_us(F.linear, x, w), bk.graph_us(int4_linear, x, packed=packed)
             ratios.append(bf16 / int4)
             outputs.append(int4_linear(x, packed=packed).cpu())
@@ -234,8 +260,8 @@ def main() -> None:
 
     ship = torch.load(_outputs_path("ship")) if os.path.exists(_outputs_path("ship")) else None  # (this run's)
     for variant in ran if ship is not None else ():
-        # (the register caps multiply like the shipped kernel)
-        if variant.startswith("r") and os.path.exists(_outputs_path(variant)):
+        # (the register caps and xcopies multiply like the shipped kernel)
+        if (variant.startswith("r") or variant == "xcopies") and os.path.exists(_outputs_path(variant)):
             same = all(torch.equal(a, b) for a, b in zip(ship, torch.load(_outputs_path(variant)), strict=True))
             print(f"{variant:9} outputs bitwise equal to ship's: {same}", flush=True)
 

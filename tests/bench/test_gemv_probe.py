@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from tests.kernels.sm90_compile import needs_sm90_compiler
 
 _ROOT = Path(__file__).parents[2]
@@ -78,3 +81,40 @@ def test_loadonly_keeps_every_load_of_the_shipped_kernel_and_no_mma_at_one_and_s
         # an mma of its own, in both)
         assert ship_mma - probe_mma == 2 * per_step > 0, row
         assert probe_ldg == ship_ldg > 0, row
+
+
+def test_xcopies_reads_program_p_s_activations_from_copy_p_mod_8():
+    # Under the interpreter (the loads emulated per lane): 4 programs of 16 weight rows over copies that differ, so a
+    # program on the wrong copy (or all on copy 0) is off by whole products; on copies_of(x) the outputs are ship's.
+    from orbit_lightning.kernels import gemv, gemv_mma, kernels_available
+    from orbit_lightning.kernels.configs import GemvConfig
+    from orbit_lightning.kernels.formats import resolve
+
+    from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
+    from tests.kernels.test_gemv_mma import _cpu_tickets
+
+    if not kernels_available("cpu"):
+        pytest.skip("orbit_lightning.kernels was imported before TRITON_INTERPRET=1 was set")
+    n, k, m = 64, 256, 9
+    cfg = GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_word_pairs=True)
+    packed, w = random_weight("int4", (n, k), seed=1)
+    wk = resolve("int4", packed, stacked=False)
+    buf = torch.randn(gemv_probe.X_COPIES, 16, k, generator=torch.Generator().manual_seed(2)).bfloat16()
+    x = buf.view(-1, k)[:m]
+
+    def run(x):
+        return gemv.gemv(x, wk, torch.empty((x.shape[0], n), dtype=torch.bfloat16), cfg, _cpu_tickets, True)
+
+    shipped = run(x)
+    real = gemv_mma.activation_lanes
+    try:
+        gemv_mma.activation_lanes = gemv_probe._activations_of_a_copy
+        probed, same = run(x), run(gemv_probe.copies_of(x))
+    finally:
+        gemv_mma.activation_lanes = real
+    for p in range(n // 16):
+        rows = slice(16 * p, 16 * p + 16)
+        xp = buf[p % gemv_probe.X_COPIES, :m]
+        ref = xp.double() @ w[rows].T
+        assert_within(probed[:, rows], ref, matmul_bound(xp, w[rows], ref, 2.0**-7))
+    assert torch.equal(same, shipped)
