@@ -20,6 +20,9 @@ grid reads the same activation lines at about the same K, so each line's L2 slic
 with copies, each serves an eighth. If that hot spot is what holds the 16-row kernel (whose x requests are 4x its
 weight bytes, and whose time is the same on an H100 and an H200, which share the L2's design), xcopies is much faster
 than ship, although it reads 8x the activation bytes from DRAM. Its outputs are ship's, bit for bit.
+xstagger: the fix that would follow, with no extra bytes: each warp takes its steps after the first in an order
+rotated by its program (gemv_mma._STAGGER), so the programs read different activation lines at once. Its outputs are
+right, summed in another order.
 rN[pP]: the shipped kernel capped at N registers per thread (with P warps per SM as the grid's target).
 --layout: the int4 weights' layout; auto is what model.int4_layout=auto stores on CUDA (int4-tiled).
 --wide-tiles U: K tiles a step at 9-16 rows (configs.MMA_WIDE_TILES, shipped 1; 2 doubles each warp's weight bytes in
@@ -49,7 +52,7 @@ from orbit_lightning.kernels import gemv_mma
 
 from orbit_lightning.quant.formats import INT4_LAYOUTS, int4_storage_name
 
-VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1", "w16", "xcopies")
+VARIANTS = ("ship", "noscale", "nofma", "noprmt", "nodecode", "loadonly", "x1", "s1", "w16", "xcopies", "xstagger")
 _real_lanes, _real_activations = gemv_mma.lane_addresses, gemv_mma.activation_lanes
 _real_load_w = gemv_mma.load_w_asm
 
@@ -194,6 +197,8 @@ def run_variant(variant: str, m: int, layout: str, wide_tiles: int | None = None
             setattr(gemv_mma, name, probe)
         if variant == "w16":  # (82 registers uncapped, triton 3.6: two 8-warp programs a SM instead of three)
             _set_mma_configs(maxnreg=80)
+    elif variant == "xstagger":
+        gemv_mma._STAGGER = tl.constexpr(True)  # (read when the kernel compiles, in this process)
     elif variant != "ship":
         real = gemv_mma.tile_asm  # (kernel_constexprs passes its text to the kernel)
         gemv_mma.tile_asm = lambda nt, pairs, *nibbles: probe_text(real(nt, pairs, *nibbles), variant, nt, pairs)

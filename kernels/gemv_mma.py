@@ -55,6 +55,9 @@ _TILE_K = tl.constexpr(TILE_K)
 # Under Triton's interpreter (CPU) inline PTX cannot run: the loads and the mma below are emulated there with the
 # same per-lane register contents (emulate.py), so the kernels' addressing, splits and epilogues run in CPU tests.
 _EMULATE = tl.constexpr(INTERPRETED)
+# A probe (bench/gemv_probe.py xstagger), off: each warp takes its steps after the first in an order rotated by its
+# program, so that the grid's programs do not all read the same activation lines of L2 at once.
+_STAGGER = tl.constexpr(False)
 
 
 def _decode(word: str, out: str) -> str:
@@ -363,8 +366,13 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W: tl
     # multiple of the trip's where its K tiles are adjacent): the trips alternate between the two halves of a block
     # row, so the advance alternates between two constants that sum to a block (sm_90 SASS at 16 rows: 179 -> 172
     # instructions a tile under triton 3.6, 180 -> 173 under 3.9; the registers unchanged).
-    HALVES: tl.constexpr = BY_GROUP and KSTEP == 1 and 2 * TRIP_GROUPS == _SCALE_GROUPS
-    if HALVES:
+    HALVES: tl.constexpr = BY_GROUP and KSTEP == 1 and 2 * TRIP_GROUPS == _SCALE_GROUPS and not _STAGGER
+    if _STAGGER:  # every trip's addresses from its step, found from the warp's first (step 0) ones
+        w0, x0, g_lo = w_lane, x_lane, k_lo // GROUP
+        s_row = _advance(s_lane, -_s_groups(g_lo, TILED))
+        rest = tl.maximum(tiles_per_warp // U - 1, 1)  # steps after step 0, whose order rotates by program
+        turn = tl.program_id(0) % rest
+    elif HALVES:
         into_next = (k_lo // GROUP) % _SCALE_GROUPS >= TRIP_GROUPS  # the first trip starts in the second half
         step = tl.where(into_next, _S_BLOCK - 2 * TRIP_GROUPS, 2 * TRIP_GROUPS)
     elif BY_GROUP:
@@ -380,15 +388,21 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W: tl
     # a K tile at M = 1). Other warps hide their latency. (The loads first, 128 registers at 16 rows, lost 5 % overall
     # in the thirty-sixth session, as in the twenty-eighth: bench/RESULTS.md; the code is at 2b1fc3b.)
     for _i in range(U, tiles_per_warp, U):
-        w_lane = _advance(w_lane, KSTEP * U * _w_ktile(TILED))
-        if HALVES:
-            s_lane = _advance(s_lane, step)
-            step = _S_BLOCK - step
-        elif BY_GROUP:
-            s_lane = _advance(s_row, _s_groups(g_lo + (_i // U) * TRIP_GROUPS, TILED))
+        if _STAGGER:
+            j = 1 + (turn + _i // U - 1) % rest
+            w_lane = _advance(w0, j * (KSTEP * U * _w_ktile(TILED)))
+            s_lane = _advance(s_row, _s_groups(g_lo + j * TRIP_GROUPS, TILED))
+            x_lane = _advance(x0, j * (KSTEP * U * _X_BYTES))
         else:
-            s_lane = _advance(s_lane, _s_ktiles(KSTEP * U, TILED, GROUP))
-        x_lane = _advance(x_lane, KSTEP * U * _X_BYTES)
+            w_lane = _advance(w_lane, KSTEP * U * _w_ktile(TILED))
+            if HALVES:
+                s_lane = _advance(s_lane, step)
+                step = _S_BLOCK - step
+            elif BY_GROUP:
+                s_lane = _advance(s_row, _s_groups(g_lo + (_i // U) * TRIP_GROUPS, TILED))
+            else:
+                s_lane = _advance(s_lane, _s_ktiles(KSTEP * U, TILED, GROUP))
+            x_lane = _advance(x_lane, KSTEP * U * _X_BYTES)
         acc = mma_step(acc, nxt, x_nxt, MT, NT, U, PAIRS, TILE, TILED)
         nxt = _load_weights(w_lane, s_lane, STRIDE_W, STRIDE_S, GROUP, U, MT, LOAD, PAIRS, TILED)
         x_nxt = _load_xs(x_lane, U, NT, PAIRS)

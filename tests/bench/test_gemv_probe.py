@@ -118,3 +118,36 @@ def test_xcopies_reads_program_p_s_activations_from_copy_p_mod_8():
         ref = xp.double() @ w[rows].T
         assert_within(probed[:, rows], ref, matmul_bound(xp, w[rows], ref, 2.0**-7))
     assert torch.equal(same, shipped)
+
+
+@pytest.mark.parametrize("fmt, k, cfg", [
+    ("int4", 1024, dict(mma_word_pairs=True)),  # 8 one-tile steps a warp: programs 0-3 start step 1 at 1 + p
+    ("int4-tiled", 2048, dict(mma_word_pairs=True, num_warps=2)),  # tiled scales found from each step's group
+    ("int4", 2048, dict(mma_tiles=2, num_warps=2, mma_interleave_k=True)),  # warps on alternate steps
+])  # fmt: skip
+def test_xstagger_visits_every_step_once_in_a_rotated_order(fmt, k, cfg):
+    # Under the interpreter: 4 programs whose warps take their steps after the first in orders rotated by program; a
+    # step skipped or taken twice, or a scale of another step, is off by whole products.
+    from orbit_lightning.kernels import gemv, gemv_mma, kernels_available
+    from orbit_lightning.kernels.configs import GemvConfig
+    from orbit_lightning.kernels.formats import resolve
+
+    from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
+    from tests.kernels.test_gemv_mma import _cpu_tickets
+
+    if not kernels_available("cpu"):
+        pytest.skip("orbit_lightning.kernels was imported before TRITON_INTERPRET=1 was set")
+    n = 64
+    config = GemvConfig(16, 16, 128, mma=True, **{"num_warps": 1, **cfg})
+    packed, w = random_weight(fmt, (n, k), seed=3)
+    wk = resolve(fmt, packed, stacked=False)
+    real = gemv_mma._STAGGER
+    try:
+        gemv_mma._STAGGER = True
+        for m in (1, 16):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+            y = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16), config, _cpu_tickets, True)
+            ref = x.double() @ w.T
+            assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-7))
+    finally:
+        gemv_mma._STAGGER = real
