@@ -1,6 +1,7 @@
 """Timing probe of the mma GEMV (kernels/gemv_mma.py) at 1-16 rows: what leaving instruction classes out of its
 per-tile PTX would gain, on the 12 dense shapes of bench/kernels.py. The outputs are WRONG for every variant but
-`ship`, the register caps, xcopies and xstagger; only the time means anything. It bounds what any cheaper decode of the same words can buy.
+`ship`, the register caps, xcopies and xstagger; only the time means anything. It bounds what any cheaper decode
+of the same words can buy.
 
     python bench/gemv_probe.py [--m ROWS] [--layout auto|row-major|tiled] [--wide-tiles U] [ship noscale nofma
                                noprmt nodecode loadonly x1 s1 w16 xcopies xstagger rN[pP]]
