@@ -125,9 +125,10 @@ def test_xcopies_reads_program_p_s_activations_from_copy_p_mod_8():
     ("int4-tiled", 2048, dict(mma_word_pairs=True, num_warps=2)),  # tiled scales found from each step's group
     ("int4", 2048, dict(mma_tiles=2, num_warps=2, mma_interleave_k=True)),  # warps on alternate steps
 ])  # fmt: skip
-def test_xstagger_visits_every_step_once_in_a_rotated_order(fmt, k, cfg):
+def test_xstagger_takes_every_step_once(fmt, k, cfg):
     # Under the interpreter: 4 programs whose warps take their steps after the first in orders rotated by program; a
-    # step skipped or taken twice, or a scale of another step, is off by whole products.
+    # step skipped or taken twice, or a scale of another step, is off by whole products. (The order itself shows only
+    # in the fp32 sums' last bits, which the bf16 outputs round away: the timing is the probe's point.)
     from orbit_lightning.kernels import gemv, gemv_mma, kernels_available
     from orbit_lightning.kernels.configs import GemvConfig
     from orbit_lightning.kernels.formats import resolve
