@@ -22,8 +22,8 @@ with copies, each serves an eighth. If that hot spot is what holds the 16-row ke
 weight bytes, and whose time is the same on an H100 and an H200, which share the L2's design), xcopies is much faster
 than ship, although it reads 8x the activation bytes from DRAM. Its outputs are ship's, bit for bit.
 xstagger: the fix that would follow, with no extra bytes: each warp takes its steps after the first in an order
-rotated by its program (gemv_mma._STAGGER), so the programs read different activation lines at once. Its outputs are
-right, summed in another order.
+rotated by its program (gemv_mma._STAGGER), so the programs read different activation lines at once (step 0 they
+all still read together), capped at the shipped 80 registers. Its outputs are right, summed in another order.
 rN[pP]: the shipped kernel capped at N registers per thread (with P warps per SM as the grid's target).
 --layout: the int4 weights' layout; auto is what model.int4_layout=auto stores on CUDA (int4-tiled).
 --wide-tiles U: K tiles a step at 9-16 rows (configs.MMA_WIDE_TILES, shipped 1; 2 doubles each warp's weight bytes in
@@ -75,6 +75,7 @@ def _activations_of_first_row(x_ptr, first, end, k_lo, stride_xm, NT: tl.constex
 
 
 X_COPIES = 8  # xcopies: how many copies of the activations the programs spread their reads over
+_X_COPIES = tl.constexpr(X_COPIES)  # (what a jit function may read of it)
 
 
 @triton.jit
@@ -82,7 +83,7 @@ def _activations_of_a_copy(x_ptr, first, end, k_lo, stride_xm, NT: tl.constexpr,
     """activation_lanes in copy program_id % X_COPIES of the activations, 16 rows of x's storage apart (x must be the
     first rows of a buffer of 16 X_COPIES rows: copies_of)."""
     lanes = _real_activations(x_ptr, first, end, k_lo, stride_xm, NT, PAIRS)
-    return gemv_mma._advance(lanes, (tl.program_id(0) % X_COPIES) * 16 * stride_xm * 2)
+    return gemv_mma._advance(lanes, (tl.program_id(0) % _X_COPIES) * 16 * stride_xm * 2)
 
 
 def copies_of(x):
@@ -200,6 +201,7 @@ def run_variant(variant: str, m: int, layout: str, wide_tiles: int | None = None
             _set_mma_configs(maxnreg=80)
     elif variant == "xstagger":
         gemv_mma._STAGGER = tl.constexpr(True)  # (read when the kernel compiles, in this process)
+        _set_mma_configs(maxnreg=80)  # (its step arithmetic took up to 84: two 8-warp programs a SM, not three)
     elif variant != "ship":
         real = gemv_mma.tile_asm  # (kernel_constexprs passes its text to the kernel)
         gemv_mma.tile_asm = lambda nt, pairs, *nibbles: probe_text(real(nt, pairs, *nibbles), variant, nt, pairs)

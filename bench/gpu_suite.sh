@@ -80,9 +80,10 @@ for s in $sections; do
     probe)   for m in 1 16; do timeout 90 python3 bench/gemv_probe.py --m $m ship nodecode loadonly; done \
                >"$OUT/probe.log" 2>&1 ;;
     # is 16 rows held by every program reading the same activation lines of L2 at once? (xcopies, xstagger), and do
-    # more weight bytes in flight a warp speed its loads at all? (--wide-tiles 2 with loadonly) (~150 s)
-    hotspot) { timeout 150 python3 bench/gemv_probe.py --m 16 ship xcopies xstagger loadonly
-               timeout 80 python3 bench/gemv_probe.py --m 16 --wide-tiles 2 ship loadonly; } >"$OUT/hotspot.log" 2>&1 ;;
+    # more weight bytes in flight a warp speed its loads at all? (--wide-tiles 2 with loadonly) (~150 s, 230 at most)
+    hotspot) { echo "== one K tile a step (shipped)"; timeout 150 python3 bench/gemv_probe.py --m 16 ship xcopies \
+               xstagger loadonly; echo "== --wide-tiles 2"; timeout 80 python3 bench/gemv_probe.py --m 16 --wide-tiles 2 \
+               ship loadonly; } >"$OUT/hotspot.log" 2>&1 ;;
     tiledwide) for lay in tiled row-major; do timeout 140 python3 bench/kernels.py --sections dense,moe \
                --m 64 256 4096 --int4-layout $lay --budget 110 >"$OUT/wide_$lay.log" 2>&1; done ;;
     # model.int4_layout's end-to-end effect: decode of an 8-layer Qwen3-8B, int4 stored tiled (auto) and row-major
@@ -118,7 +119,7 @@ grep -E "^batch" "$OUT/host.log" 2>/dev/null
 grep -E "^ORBIT|^qwen|per step: GPU busy|^\[profile\] batch" "$OUT/trigger.log" 2>/dev/null
 grep -vE "^\s*$" "$OUT/lora.log" 2>/dev/null | tail -12
 grep -E "passed|failed|FAILED|Error" "$OUT/tiled_tests.log" 2>/dev/null | tail -4
-grep -hE "GEOMEAN|bitwise|FAILED" "$OUT/probe.log" "$OUT/hotspot.log" 2>/dev/null
+grep -hE "^== one|^== --wide|GEOMEAN|bitwise|FAILED" "$OUT/probe.log" "$OUT/hotspot.log" 2>/dev/null
 grep -E "geomean" "$OUT/tiled_sweep.log" "$OUT"/dense_*.log "$OUT"/wide_*.log 2>/dev/null
 sed -n '/^== \/tmp/,$p' "$OUT/trace.log" 2>/dev/null | head -60
 grep -E '"eval/(accuracy|pass@)' "$OUT/default.log" 2>/dev/null | head -12

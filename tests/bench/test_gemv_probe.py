@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton.language as tl
 
 from tests.kernels.sm90_compile import needs_sm90_compiler
 
@@ -84,8 +85,9 @@ def test_loadonly_keeps_every_load_of_the_shipped_kernel_and_no_mma_at_one_and_s
 
 
 def test_xcopies_reads_program_p_s_activations_from_copy_p_mod_8():
-    # Under the interpreter (the loads emulated per lane): 4 programs of 16 weight rows over copies that differ, so a
-    # program on the wrong copy (or all on copy 0) is off by whole products; on copies_of(x) the outputs are ship's.
+    # Under the interpreter (the loads emulated per lane): 12 programs of 16 weight rows over copies that differ, so a
+    # program on the wrong copy (all on copy 0, or p % 4) is off by whole products; on copies_of(x) the outputs are
+    # ship's.
     from orbit_lightning.kernels import gemv, gemv_mma, kernels_available
     from orbit_lightning.kernels.configs import GemvConfig
     from orbit_lightning.kernels.formats import resolve
@@ -95,7 +97,7 @@ def test_xcopies_reads_program_p_s_activations_from_copy_p_mod_8():
 
     if not kernels_available("cpu"):
         pytest.skip("orbit_lightning.kernels was imported before TRITON_INTERPRET=1 was set")
-    n, k, m = 64, 256, 9
+    n, k, m = 192, 256, 9  # 12 programs: copies 0-7, then 0-3 again
     cfg = GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_word_pairs=True)
     packed, w = random_weight("int4", (n, k), seed=1)
     wk = resolve("int4", packed, stacked=False)
@@ -144,7 +146,7 @@ def test_xstagger_takes_every_step_once(fmt, k, cfg):
     wk = resolve(fmt, packed, stacked=False)
     real = gemv_mma._STAGGER
     try:
-        gemv_mma._STAGGER = True
+        gemv_mma._STAGGER = tl.constexpr(True)
         for m in (1, 16):
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
             y = gemv.gemv(x, wk, torch.empty((m, n), dtype=torch.bfloat16), config, _cpu_tickets, True)
@@ -152,3 +154,40 @@ def test_xstagger_takes_every_step_once(fmt, k, cfg):
             assert_within(y, ref, matmul_bound(x, w, ref, 2.0**-7))
     finally:
         gemv_mma._STAGGER = real
+
+
+_ADDRESS_SASS = """
+import sys
+sys.path.insert(0, {bench!r})
+import triton.language as tl
+import gemv_probe, mma_sass
+from orbit_lightning.kernels import gemv_mma
+mt, nt, u, pairs, interleave, tiled, _ = mma_sass.parse_config("mt1-nt2-u1-p-t")
+variant, cap = sys.argv[1], None
+if variant == "xcopies":
+    gemv_mma.activation_lanes = gemv_probe._activations_of_a_copy
+elif variant == "xstagger":
+    gemv_mma._STAGGER, cap = tl.constexpr(True), 80
+sass, usage = mma_sass.compile_sass(mt, nt, u, 2048, pairs=pairs, tiled=tiled, maxnreg=cap)
+print(variant, usage.split("REG:")[1].split()[0], usage.split("LOCAL:")[1].split()[0], sass.count("LDG"))
+"""
+
+
+@needs_sm90_compiler
+def test_xcopies_and_xstagger_compile_for_sm90_with_the_shipped_loads_in_80_registers(tmp_path):
+    # Real sm_90 SASS of the 16-row tiled loop (the interpreter cannot see what only the compiler rejects, such as a
+    # jit function reading a plain Python global). Each in a process and Triton cache of its own: _STAGGER is read
+    # when the kernel compiles.
+    rows = {}
+    for variant in ("ship", "xcopies", "xstagger"):
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(tmp_path / variant)
+        script = _ADDRESS_SASS.format(bench=str(_ROOT / "bench"))
+        run = subprocess.run([sys.executable, "-c", script, variant], capture_output=True, text=True, env=env,
+                             timeout=600, cwd=_ROOT)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        name, regs, local, ldg = run.stdout.split()[-4:]
+        rows[name] = int(regs), int(local), int(ldg)
+    assert set(rows) == {"ship", "xcopies", "xstagger"}
+    for name, (regs, local, ldg) in rows.items():  # no spill, and three 8-warp programs a SM as shipped
+        assert regs <= 80 and local == 0 and ldg == rows["ship"][2] > 0, (name, rows)
