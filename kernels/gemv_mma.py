@@ -367,17 +367,16 @@ def mma_mainloop(nxt, w_lane, s_lane, x_lane, tiles_per_warp, k_lo, STRIDE_W: tl
     # row, so the advance alternates between two constants that sum to a block (sm_90 SASS at 16 rows: 179 -> 172
     # instructions a tile under triton 3.6, 180 -> 173 under 3.9; the registers unchanged).
     HALVES: tl.constexpr = BY_GROUP and KSTEP == 1 and 2 * TRIP_GROUPS == _SCALE_GROUPS and not _STAGGER
-    if _STAGGER:  # every trip's addresses from its step, found from the warp's first (step 0) ones
-        w0, x0, g_lo = w_lane, x_lane, k_lo // GROUP
+    if _STAGGER or (BY_GROUP and not HALVES):  # scales found from a trip's first group
+        g_lo = k_lo // GROUP
         s_row = _advance(s_lane, -_s_groups(g_lo, TILED))
+    if _STAGGER:  # every trip's addresses from its step, found from the warp's first (step 0) ones
+        w0, x0 = w_lane, x_lane
         rest = tl.maximum(tiles_per_warp // U - 1, 1)  # steps after step 0, whose order rotates by program
         turn = tl.program_id(0) % rest
     elif HALVES:
         into_next = (k_lo // GROUP) % _SCALE_GROUPS >= TRIP_GROUPS  # the first trip starts in the second half
         step = tl.where(into_next, _S_BLOCK - 2 * TRIP_GROUPS, 2 * TRIP_GROUPS)
-    elif BY_GROUP:
-        g_lo = k_lo // GROUP
-        s_row = _advance(s_lane, -_s_groups(g_lo, TILED))
     x_nxt = _load_xs(x_lane, U, NT, PAIRS)
     acc = zero_accumulators(MT, NT, NW)
     # U adjacent K tiles per step, the next step's loaded meanwhile: with U = 2 a quad of lanes reads a row's

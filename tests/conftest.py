@@ -18,6 +18,15 @@ import orbit_lightning  # noqa: F401
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+@pytest.fixture
+def cpu_kernels():
+    """Skip (with the reason) when the interpreter could not be enabled for this process."""
+    from orbit_lightning import kernels
+
+    if not kernels.kernels_available("cpu"):
+        pytest.skip("orbit_lightning.kernels was imported before TRITON_INTERPRET=1 was set")
+
 # Each xdist worker is a process, and torch takes one thread per core in each: on CI's 2 cores, 2 workers ran 4 busy
 # threads, and a test that shared the cores that way ran far slower (the shortened default experiment, 2 threads of
 # its own: 656 s beside the interpreter runs, ~250 s before). A worker, and what it starts (OMP_NUM_THREADS reaches

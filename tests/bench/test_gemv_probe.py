@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 import triton.language as tl
+from orbit_lightning.kernels import gemv, gemv_mma
+from orbit_lightning.kernels.configs import GemvConfig
+from orbit_lightning.kernels.formats import resolve
 
+from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
 from tests.kernels.sm90_compile import needs_sm90_compiler
+from tests.kernels.test_gemv_mma import _cpu_tickets
 
 _ROOT = Path(__file__).parents[2]
 
@@ -46,6 +51,16 @@ def test_bad_arguments_are_named_before_any_gpu_work():
         assert run.returncode != 0 and said in run.stderr, run.stderr[-2000:]
 
 
+def _compile_script(script: str, *args: str, env: dict | None = None) -> str:
+    """stdout of `script` (formatted with the bench dir) run with `args` in a process of its own, compiling for real
+    (no interpreter), with `env` added."""
+    full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (env or {})
+    run = subprocess.run([sys.executable, "-c", script.format(bench=str(_ROOT / "bench")), *args], capture_output=True,
+                         text=True, env=full, timeout=600, cwd=_ROOT)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
 _LOADONLY_SASS = """
 import sys
 sys.path.insert(0, {bench!r})
@@ -69,13 +84,9 @@ def test_loadonly_keeps_every_load_of_the_shipped_kernel_and_no_mma_at_one_and_s
     # (16 rows at one K tile a step, as shipped, and at two: --wide-tiles 2)
     # Real sm_90 SASS (Triton's bundled ptxas, no GPU): if the fold left any loaded register unused, ptxas would drop
     # its load and loadonly would time fewer bytes than the kernel reads.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = _LOADONLY_SASS.format(bench=str(_ROOT / "bench"))
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600,
-                         cwd=_ROOT)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = {line.split()[0]: line for line in run.stdout.splitlines()}
-    assert set(rows) == {"mt1-nt1-u2", "mt1-nt2-u1-p-t", "mt1-nt2-u2-p-t"}, run.stdout
+    out = _compile_script(_LOADONLY_SASS)
+    rows = {line.split()[0]: line for line in out.splitlines()}
+    assert set(rows) == {"mt1-nt1-u2", "mt1-nt2-u1-p-t", "mt1-nt2-u2-p-t"}, out
     for row in rows.values():
         per_step, ship_mma, ship_ldg, probe_mma, probe_ldg = map(int, row.split()[1:])
         # the tile's mmas gone from the main loop and its peeled last step (at 16 rows the output tile's store keeps
@@ -84,19 +95,11 @@ def test_loadonly_keeps_every_load_of_the_shipped_kernel_and_no_mma_at_one_and_s
         assert probe_ldg == ship_ldg > 0, row
 
 
+@pytest.mark.usefixtures("cpu_kernels")
 def test_xcopies_reads_program_p_s_activations_from_copy_p_mod_8():
     # Under the interpreter (the loads emulated per lane): 12 programs of 16 weight rows over copies that differ, so a
     # program on the wrong copy (all on copy 0, or p % 4) is off by whole products; on copies_of(x) the outputs are
     # ship's.
-    from orbit_lightning.kernels import gemv, gemv_mma, kernels_available
-    from orbit_lightning.kernels.configs import GemvConfig
-    from orbit_lightning.kernels.formats import resolve
-
-    from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
-    from tests.kernels.test_gemv_mma import _cpu_tickets
-
-    if not kernels_available("cpu"):
-        pytest.skip("orbit_lightning.kernels was imported before TRITON_INTERPRET=1 was set")
     n, k, m = 192, 256, 9  # 12 programs: copies 0-7, then 0-3 again
     cfg = GemvConfig(16, 16, 128, mma=True, num_warps=1, mma_word_pairs=True)
     packed, w = random_weight("int4", (n, k), seed=1)
@@ -127,19 +130,11 @@ def test_xcopies_reads_program_p_s_activations_from_copy_p_mod_8():
     ("int4-tiled", 2048, dict(mma_word_pairs=True, num_warps=2)),  # tiled scales found from each step's group
     ("int4", 2048, dict(mma_tiles=2, num_warps=2, mma_interleave_k=True)),  # warps on alternate steps
 ])  # fmt: skip
+@pytest.mark.usefixtures("cpu_kernels")
 def test_xstagger_takes_every_step_once(fmt, k, cfg):
     # Under the interpreter: 4 programs whose warps take their steps after the first in orders rotated by program; a
     # step skipped or taken twice, or a scale of another step, is off by whole products. (The order itself shows only
     # in the fp32 sums' last bits, which the bf16 outputs round away: the timing is the probe's point.)
-    from orbit_lightning.kernels import gemv, gemv_mma, kernels_available
-    from orbit_lightning.kernels.configs import GemvConfig
-    from orbit_lightning.kernels.formats import resolve
-
-    from tests.kernels.kernel_oracles import assert_within, matmul_bound, random_weight
-    from tests.kernels.test_gemv_mma import _cpu_tickets
-
-    if not kernels_available("cpu"):
-        pytest.skip("orbit_lightning.kernels was imported before TRITON_INTERPRET=1 was set")
     n = 64
     config = GemvConfig(16, 16, 128, mma=True, **{"num_warps": 1, **cfg})
     packed, w = random_weight(fmt, (n, k), seed=3)
@@ -180,13 +175,8 @@ def test_xcopies_and_xstagger_compile_for_sm90_with_the_shipped_loads_in_80_regi
     # when the kernel compiles.
     rows = {}
     for variant in ("ship", "xcopies", "xstagger"):
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["TRITON_CACHE_DIR"] = str(tmp_path / variant)
-        script = _ADDRESS_SASS.format(bench=str(_ROOT / "bench"))
-        run = subprocess.run([sys.executable, "-c", script, variant], capture_output=True, text=True, env=env,
-                             timeout=600, cwd=_ROOT)  # fmt: skip
-        assert run.returncode == 0, run.stderr[-3000:]
-        name, regs, local, ldg = run.stdout.split()[-4:]
+        out = _compile_script(_ADDRESS_SASS, variant, env={"TRITON_CACHE_DIR": str(tmp_path / variant)})
+        name, regs, local, ldg = out.split()[-4:]
         rows[name] = int(regs), int(local), int(ldg)
     assert set(rows) == {"ship", "xcopies", "xstagger"}
     for name, (regs, local, ldg) in rows.items():  # no spill, and three 8-warp programs a SM as shipped
